@@ -1,0 +1,117 @@
+"""Decode throughput of the KV-cache sampler; prints one JSON line.
+
+    python benchmarks/decode.py --batch 64
+    python benchmarks/decode.py --batch 256 --layers 4 --d_model 256 --heads 4 --kv_heads 2 \
+        --head_dim 64 --mlp_dim 704 --vocab 512 --prompt_len 32 --new_tokens 64 --dtype float32
+
+Samples at temperature 1 with EOS disabled, so every row runs the full token budget.
+`gen_tokens_per_s` is generated tokens over the whole call (prefill included);
+`decode_tokens_per_s` leaves the prefill out. Times are medians over --repeats calls;
+`compile_s` is the first call's time less the median.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import sys
+import time
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("family", "llama", "llama | qwen2 | qwen3 (qwen2 adds qkv bias, qwen3 qk-norm)")
+flags.DEFINE_integer("layers", 4, "decoder layers")
+flags.DEFINE_integer("d_model", 256, "model width")
+flags.DEFINE_integer("heads", 4, "query heads")
+flags.DEFINE_integer("kv_heads", 2, "key/value heads")
+flags.DEFINE_integer("head_dim", 64, "width of one head")
+flags.DEFINE_integer("mlp_dim", 704, "SwiGLU hidden width")
+flags.DEFINE_integer("vocab", 512, "vocabulary size")
+flags.DEFINE_bool("tied", True, "tie the output head to the embedding")
+flags.DEFINE_integer("batch", 64, "rows per compiled call")
+flags.DEFINE_integer("prompt_len", 32, "prompt tokens per row")
+flags.DEFINE_integer("new_tokens", 64, "tokens generated per row")
+flags.DEFINE_string("dtype", "float32", "activation and parameter dtype")
+flags.DEFINE_integer("decode_chunk", 64, "KV-cache slots per chunk of generated tokens")
+flags.DEFINE_integer("repeats", 7, "timed calls (median reported)")
+flags.DEFINE_list("mesh", ["-1", "1", "1"], "data,fsdp,tensor")
+
+
+def main(argv):
+  del argv
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+
+  from rlscale import models, sharding
+  from rlscale.sampling import Sampler, SamplingParams
+
+  cfg = models.ModelConfig(
+      family=FLAGS.family, vocab_size=FLAGS.vocab, d_model=FLAGS.d_model, num_layers=FLAGS.layers,
+      num_heads=FLAGS.heads, num_kv_heads=FLAGS.kv_heads, head_dim=FLAGS.head_dim,
+      mlp_dim=FLAGS.mlp_dim, tie_embeddings=FLAGS.tied, qkv_bias=FLAGS.family == "qwen2",
+      qk_norm=FLAGS.family == "qwen3", dtype=FLAGS.dtype, param_dtype=FLAGS.dtype)
+  mesh = sharding.make_mesh([int(s) for s in FLAGS.mesh])
+  rules = sharding.rules_from_config(None)
+  policy = models.create_sharded(models.CausalLM, cfg, mesh, rules, jax.random.key(0))
+  graphdef, state = nnx.split(policy)
+  params = SamplingParams(max_new_tokens=FLAGS.new_tokens, temperature=1.0, eos_ids=(),
+                          decode_chunk=FLAGS.decode_chunk)
+  sampler = Sampler(graphdef, params, mesh, rules)
+
+  b, plen = FLAGS.batch, FLAGS.prompt_len
+  rng = np.random.default_rng(0)
+  tokens = sharding.put_batch(rng.integers(0, cfg.vocab_size, (b, plen)).astype(np.int32), mesh, rules)
+  mask = sharding.put_batch(np.ones((b, plen), bool), mesh, rules)
+  key = jax.random.key(1)
+
+  @jax.jit
+  def prefill(state, tokens, mask):
+    with sharding.activation_sharding(mesh, rules):
+      return nnx.merge(graphdef, state).model.prefill(tokens, mask)
+
+  def timed(fn, *args):
+    t = time.perf_counter()
+    jax.block_until_ready(fn(*args))  # compiles
+    first = time.perf_counter() - t
+    times = []
+    for _ in range(FLAGS.repeats):
+      t = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      times.append(time.perf_counter() - t)
+    return first, statistics.median(times), min(times)
+
+  first, gen_s, gen_best = timed(lambda k: sampler(state, tokens, mask, k), key)
+  compile_s = first - gen_s  # the first call compiles, then runs once
+  _, pre_s, _ = timed(prefill, state, tokens, mask)
+  out = sampler(state, tokens, mask, key)
+  generated = int(jnp.sum(out.lengths))
+  assert generated == b * FLAGS.new_tokens, (generated, b * FLAGS.new_tokens)
+  assert sampler.traces == 1, sampler.traces
+
+  dev = jax.devices()[0]
+  stats = dev.memory_stats() if hasattr(dev, "memory_stats") else None
+  peak_dev = stats.get("peak_bytes_in_use") if stats else None
+  result = dict(
+      benchmark="decode", backend=jax.default_backend(), devices=jax.device_count(),
+      mesh=dict(mesh.shape), family=FLAGS.family, layers=FLAGS.layers, d_model=FLAGS.d_model,
+      heads=FLAGS.heads, kv_heads=FLAGS.kv_heads, head_dim=FLAGS.head_dim, mlp_dim=FLAGS.mlp_dim,
+      vocab=FLAGS.vocab, dtype=FLAGS.dtype, batch=b, prompt_len=plen, new_tokens=FLAGS.new_tokens,
+      decode_chunk=FLAGS.decode_chunk, repeats=FLAGS.repeats,
+      gen_tokens_per_s=round(b * FLAGS.new_tokens / gen_s, 1),
+      gen_tokens_per_s_best=round(b * FLAGS.new_tokens / gen_best, 1),
+      decode_tokens_per_s=round(b * FLAGS.new_tokens / max(gen_s - pre_s, 1e-9), 1),
+      prefill_tokens_per_s=round(b * plen / pre_s, 1),
+      call_s=round(gen_s, 4), prefill_s=round(pre_s, 4), compile_s=round(compile_s, 2),
+      peak_device_mb=None if peak_dev is None else round(peak_dev / 2**20, 1),
+      peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+  )
+  print(json.dumps(result))
+  sys.stdout.flush()
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,288 @@
+"""Hugging Face checkpoints: config.json <-> ModelConfig, safetensors <-> sharded CausalLM.
+
+Import reads one tensor at a time from memory-mapped files and places only each device's shard
+on that device (`jax.make_array_from_callback`), so no device ever holds the whole model.
+Export writes the same layout transformers reads (`*ForCausalLM`), one tensor at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Iterator
+
+import jax
+import ml_dtypes
+import numpy as np
+from flax import nnx
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh
+
+from rlscale import sharding
+from rlscale.checkpoints import safetensors_io
+from rlscale.checkpoints.safetensors_io import CheckpointError
+from rlscale.models import CausalLM, ModelConfig, RopeScaling, abstract_model
+
+_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def config_from_hf(hf: dict[str, Any], **overrides) -> ModelConfig:
+  """Map a transformers config.json to ModelConfig; refuse what this decoder does not implement."""
+  family = hf.get("model_type")
+  if family not in _ARCH:
+    raise CheckpointError(
+        f"config.json: model_type={family!r} (architectures={hf.get('architectures')}) is not "
+        f"supported; supported: {sorted(_ARCH)}")
+  problems = []
+  if hf.get("hidden_act", "silu") != "silu":
+    problems.append(f"hidden_act={hf['hidden_act']!r} (only 'silu')")
+  if hf.get("mlp_bias"):
+    problems.append("mlp_bias=true")
+  if family != "qwen2" and hf.get("attention_bias"):
+    problems.append("attention_bias=true")
+  if hf.get("use_sliding_window"):
+    problems.append("use_sliding_window=true")
+  rope = dict(hf.get("rope_parameters") or {})
+  rope.update(hf.get("rope_scaling") or {})
+  theta = rope.get("rope_theta", hf.get("rope_theta", 10_000.0))
+  kind = rope.get("rope_type", rope.get("type", "default"))
+  scaling = None
+  if kind == "llama3":
+    scaling = RopeScaling(float(rope["factor"]), float(rope["low_freq_factor"]),
+                          float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"]))
+  elif kind != "default":
+    problems.append(f"rope type {kind!r} (only 'default' and 'llama3')")
+  if problems:
+    raise CheckpointError(f"config.json ({family}): unsupported " + ", ".join(problems))
+  heads = int(hf["num_attention_heads"])
+  fields = dict(
+      family=family, vocab_size=int(hf["vocab_size"]), d_model=int(hf["hidden_size"]),
+      num_layers=int(hf["num_hidden_layers"]), num_heads=heads,
+      num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+      head_dim=int(hf.get("head_dim") or hf["hidden_size"] // heads),
+      mlp_dim=int(hf["intermediate_size"]), rope_theta=float(theta), rope_scaling=scaling,
+      rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
+      tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+      qkv_bias=family == "qwen2", qk_norm=family == "qwen3")
+  fields.update({k: v for k, v in overrides.items() if v is not None})
+  return ModelConfig(**fields)
+
+
+def config_to_hf(cfg: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+  rope: dict[str, Any] = {"rope_theta": cfg.rope_theta, "rope_type": "default"}
+  if cfg.rope_scaling is not None:
+    s = cfg.rope_scaling
+    rope.update(rope_type="llama3", factor=s.factor, low_freq_factor=s.low_freq_factor,
+                high_freq_factor=s.high_freq_factor, original_max_position_embeddings=s.original_max_position)
+  out = {
+      "architectures": [_ARCH[cfg.family]], "model_type": cfg.family, "vocab_size": cfg.vocab_size,
+      "hidden_size": cfg.d_model, "intermediate_size": cfg.mlp_dim,
+      "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+      "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
+      "rms_norm_eps": cfg.rms_eps, "tie_word_embeddings": cfg.tie_embeddings,
+      "rope_theta": cfg.rope_theta, "rope_parameters": rope, "attention_bias": False,
+      "torch_dtype": cfg.param_dtype, "max_position_embeddings": 32_768,
+  }
+  if cfg.rope_scaling is not None:
+    out["rope_scaling"] = rope
+  if cfg.family != "llama":
+    out["use_sliding_window"] = False
+  out.update(extra or {})
+  return out
+
+
+def read_config(folder: str) -> dict[str, Any]:
+  path = os.path.join(folder, "config.json")
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except FileNotFoundError:
+    raise CheckpointError(f"{folder}: no config.json (expected a Hugging Face checkpoint folder)") from None
+  except json.JSONDecodeError as e:
+    raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+
+
+# --- parameter layout: our path -> how to build it from HF tensors, and back ---
+
+def _layer_index(path: tuple) -> int:
+  return int(path[2])
+
+
+def _from_hf(cfg: ModelConfig, path: tuple, get: Callable[[str], np.ndarray]) -> np.ndarray:
+  """Our parameter at `path` assembled from the HF tensors (numpy, HF dtype)."""
+  e, kv, g, d = cfg.d_model, cfg.num_kv_heads, cfg.group_size, cfg.head_dim
+  if path == ("model", "embed"):
+    return get("model.embed_tokens.weight")
+  if path == ("model", "final_norm"):
+    return get("model.norm.weight")
+  if path == ("lm_head",):
+    return get("lm_head.weight").T
+  p = f"model.layers.{_layer_index(path)}."
+  name = path[3]
+  if name == "attn_norm":
+    return get(p + "input_layernorm.weight")
+  if name == "mlp_norm":
+    return get(p + "post_attention_layernorm.weight")
+  if name in ("q_norm", "k_norm"):
+    return get(p + f"self_attn.{name}.weight")
+  if name == "qkv":
+    q = get(p + "self_attn.q_proj.weight").T.reshape(e, kv, g, d)
+    k = get(p + "self_attn.k_proj.weight").T.reshape(e, kv, 1, d)
+    v = get(p + "self_attn.v_proj.weight").T.reshape(e, kv, 1, d)
+    return np.concatenate([q, k, v], axis=2)
+  if name == "qkv_bias":
+    q = get(p + "self_attn.q_proj.bias").reshape(kv, g, d)
+    k = get(p + "self_attn.k_proj.bias").reshape(kv, 1, d)
+    v = get(p + "self_attn.v_proj.bias").reshape(kv, 1, d)
+    return np.concatenate([q, k, v], axis=1)
+  if name == "o":
+    return get(p + "self_attn.o_proj.weight").T.reshape(kv, g, d, e)
+  if name == "gate_up":
+    return np.stack([get(p + "mlp.gate_proj.weight").T, get(p + "mlp.up_proj.weight").T], axis=1)
+  if name == "down":
+    return get(p + "mlp.down_proj.weight").T
+  raise CheckpointError(f"no Hugging Face tensor maps to parameter {'/'.join(map(str, path))}")
+
+
+def _to_hf(cfg: ModelConfig, path: tuple, x: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
+  """The HF tensors that our parameter at `path` becomes."""
+  e, g = cfg.d_model, cfg.group_size
+  if path == ("model", "embed"):
+    yield "model.embed_tokens.weight", x
+    return
+  if path == ("model", "final_norm"):
+    yield "model.norm.weight", x
+    return
+  if path == ("lm_head",):
+    yield "lm_head.weight", x.T
+    return
+  p = f"model.layers.{_layer_index(path)}."
+  name = path[3]
+  simple = {"attn_norm": "input_layernorm.weight", "mlp_norm": "post_attention_layernorm.weight",
+            "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight"}
+  if name in simple:
+    yield p + simple[name], x
+  elif name == "qkv":
+    yield p + "self_attn.q_proj.weight", x[:, :, :g].reshape(e, -1).T
+    yield p + "self_attn.k_proj.weight", x[:, :, g].reshape(e, -1).T
+    yield p + "self_attn.v_proj.weight", x[:, :, g + 1].reshape(e, -1).T
+  elif name == "qkv_bias":
+    yield p + "self_attn.q_proj.bias", x[:, :g].reshape(-1)
+    yield p + "self_attn.k_proj.bias", x[:, g].reshape(-1)
+    yield p + "self_attn.v_proj.bias", x[:, g + 1].reshape(-1)
+  elif name == "o":
+    yield p + "self_attn.o_proj.weight", x.reshape(-1, e).T
+  elif name == "gate_up":
+    yield p + "mlp.gate_proj.weight", x[:, 0].T
+    yield p + "mlp.up_proj.weight", x[:, 1].T
+  elif name == "down":
+    yield p + "mlp.down_proj.weight", x.T
+  else:
+    raise ValueError(f"parameter {'/'.join(map(str, path))} has no Hugging Face name")
+
+
+def _path(p: tuple) -> tuple:
+  return tuple(k if isinstance(k, str) else int(k) for k in p)
+
+
+def load_policy(folder: str, mesh: Mesh, rules: sharding.Rules, **overrides):
+  """(CausalLM with sharded parameters, its ModelConfig) from a Hugging Face checkpoint folder.
+
+  `overrides` set ModelConfig fields that are ours to choose (dtype, param_dtype).
+  """
+  cfg = config_from_hf(read_config(folder), **overrides)
+  tensors = safetensors_io.SafetensorsFolder(folder)
+
+  def get(name: str) -> np.ndarray:
+    return tensors.get(name)
+
+  graphdef, abs_state = abstract_model(CausalLM, cfg)
+  shardings = sharding.state_shardings(abs_state, mesh, rules)
+  flat_abs = dict(nnx.to_flat_state(abs_state))
+  flat_sh = dict(nnx.to_flat_state(shardings))
+  leaves = {}
+  for path, var in flat_abs.items():
+    want = var.get_value()
+    host = _from_hf(cfg, _path(path), get)
+    if host.shape != want.shape:
+      raise CheckpointError(f"{folder}: {'/'.join(map(str, path))} built from the checkpoint has "
+                            f"shape {host.shape}, config.json implies {want.shape}")
+    host = np.asarray(host, dtype=want.dtype)
+    arr = jax.make_array_from_callback(want.shape, flat_sh[path].get_value(), lambda idx: host[idx])
+    leaves[path] = var.replace(arr)
+  state = nnx.from_flat_state(leaves)
+  return nnx.merge(graphdef, state), cfg
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+  if x.is_fully_addressable:
+    return np.asarray(jax.device_get(x))
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def _out_dtype(name: str) -> np.dtype:
+  return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def save_policy(model: CausalLM, folder: str, *, dtype: str | None = None,
+                max_shard_bytes: int = 4 << 30, extra_config: dict | None = None) -> None:
+  """Write `model` as a transformers-loadable folder (config.json + safetensors [+ index]).
+
+  Parameters are gathered to the host one at a time and streamed into the files; on many hosts
+  every process takes part in each gather and process 0 writes.
+  """
+  cfg: ModelConfig = model.cfg
+  out_dtype = _out_dtype(dtype or cfg.param_dtype)
+  params = list(nnx.to_flat_state(nnx.state(model)))
+  # Plan: which HF tensors each parameter becomes, and which file each lands in.
+  plan = []  # (path, variable) in the order their tensors are written
+  files: list[list[tuple[str, tuple, np.dtype]]] = [[]]
+  size = 0
+  for path, var in params:
+    value = var.get_value()
+    names: list[str] = []
+
+    def hf_tensors(x, path=path, names=names):
+      pairs = list(_to_hf(cfg, _path(path), x))
+      names[:] = [n for n, _ in pairs]
+      return [t for _, t in pairs]
+
+    outs = jax.eval_shape(hf_tensors, jax.ShapeDtypeStruct(value.shape, value.dtype))
+    plan.append((path, var))
+    nbytes = sum(int(np.prod(o.shape)) * out_dtype.itemsize for o in outs)
+    if size and size + nbytes > max_shard_bytes:
+      files.append([])
+      size = 0
+    files[-1].extend((n, o.shape, out_dtype) for n, o in zip(names, outs))
+    size += nbytes
+  writer = jax.process_index() == 0
+  names = (["model.safetensors"] if len(files) == 1 else
+           [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))])
+
+  def tensors():
+    for path, var in plan:
+      host = _to_host(var.get_value())
+      for _, t in _to_hf(cfg, _path(path), host):
+        yield t.astype(out_dtype)
+
+  stream = tensors()
+  if writer:
+    os.makedirs(folder, exist_ok=True)
+  for fname, specs in zip(names, files):
+    arrays = (next(stream) for _ in specs)
+    if writer:
+      safetensors_io.write_stream(os.path.join(folder, fname), specs, arrays, {"format": "pt"})
+    else:
+      for _ in arrays:
+        pass
+  if not writer:
+    return
+  hf_cfg = config_to_hf(cfg, extra_config)
+  hf_cfg["torch_dtype"] = str(out_dtype)
+  with open(os.path.join(folder, "config.json"), "w") as f:
+    json.dump(hf_cfg, f, indent=2)
+  if len(files) > 1:
+    weight_map = {n: fname for fname, specs in zip(names, files) for n, _, _ in specs}
+    total = sum(int(np.prod(shape)) * out_dtype.itemsize for specs in files for _, shape, _ in specs)
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+      json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)

@@ -1,0 +1,70 @@
+"""Multi-process start-up and each process's share of the data.
+
+One process per host (Slurm task, TPU VM worker). `initialize()` starts `jax.distributed` when
+the environment says there are several processes and is a no-op otherwise. A global batch of
+`n` rows is split into contiguous, equal shares: process p owns rows `process_rows(n)`, loads
+only those, and hands them to `sharding.put_batch`, which assembles the global array.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+from absl import logging
+
+_started = False
+
+
+def _declared_processes() -> int:
+  for var in ("JAX_NUM_PROCESSES", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):
+    if os.environ.get(var):
+      return int(os.environ[var])
+  hosts = os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("TPU_HOSTNAMES")
+  return len(hosts.split(",")) if hosts else 1
+
+
+def initialize() -> None:
+  """Start jax.distributed once when launched as several processes."""
+  global _started
+  if _started or _declared_processes() <= 1:
+    return
+  kwargs = {}
+  if os.environ.get("JAX_COORDINATOR_ADDRESS"):  # explicit: address, count, id
+    kwargs = dict(coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
+                  num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+                  process_id=int(os.environ["JAX_PROCESS_ID"]))
+    if os.environ.get("JAX_LOCAL_DEVICE_IDS"):
+      kwargs["local_device_ids"] = [int(i) for i in os.environ["JAX_LOCAL_DEVICE_IDS"].split(",")]
+  if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS") == "cpu":
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(**kwargs)  # Slurm, Open MPI and TPU pods are detected by JAX
+  _started = True
+  logging.info("jax.distributed: process %d of %d, %d local of %d devices", jax.process_index(),
+               jax.process_count(), jax.local_device_count(), jax.device_count())
+
+
+def process_rows(n: int) -> slice:
+  """This process's contiguous share of `n` global rows (n must divide evenly)."""
+  count, index = jax.process_count(), jax.process_index()
+  if n % count:
+    raise ValueError(f"a global batch of {n} rows does not split over {count} processes")
+  share = n // count
+  return slice(index * share, (index + 1) * share)
+
+
+def host_local(x: jax.Array) -> np.ndarray:
+  """The rows of a batch-sharded global array that this process owns, as numpy."""
+  if jax.process_count() == 1:
+    return np.asarray(x)
+  rows = process_rows(x.shape[0])
+  parts = {}
+  for shard in x.addressable_shards:
+    start = shard.index[0].start or 0
+    parts.setdefault(start, np.asarray(shard.data))
+  out = np.concatenate([parts[k] for k in sorted(parts)], axis=0)
+  if out.shape[0] != rows.stop - rows.start:
+    raise ValueError(f"array of {x.shape[0]} rows is not batch-sharded over this process's "
+                     f"devices: it holds {out.shape[0]} rows, its share is {rows.stop - rows.start}")
+  return out

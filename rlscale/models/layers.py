@@ -1,0 +1,154 @@
+"""Building blocks of the decoder: RMSNorm, rotary embeddings, attention weights, SwiGLU MLP.
+
+Weight layouts are chosen for speed and for tensor parallelism over KV heads:
+  qkv      [embed, kv_heads, group_size + 2, head_dim]  (the G query heads of a KV head, then k, v)
+  o        [kv_heads, group_size, head_dim, embed]
+  gate_up  [embed, 2, mlp]
+  down     [mlp, embed]
+One matmul produces q, k and v, one produces gate and up; sharding `kv_heads` over `tensor`
+keeps every query head on the shard that holds its KV head.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rlscale.models.config import ModelConfig
+from rlscale.sharding import constrain
+
+NEG_INF = float(np.finfo(np.float32).min)
+
+
+def c(x: jax.Array, *trailing: str | None) -> jax.Array:
+  """Constrain an activation: batch first, the named trailing axes last."""
+  return constrain(x, ("batch",) + (None,) * (x.ndim - 1 - len(trailing)) + trailing)
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+  x32 = x.astype(jnp.float32)
+  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return y.astype(x.dtype) * weight.astype(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+  """Inverse frequencies [head_dim/2] in float32, with Llama 3 scaling when configured."""
+  dim = cfg.head_dim
+  inv = (1.0 / (np.float32(cfg.rope_theta) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))))
+  inv = inv.astype(np.float32)
+  s = cfg.rope_scaling
+  if s is None:
+    return inv
+  low_wavelen = s.original_max_position / s.low_freq_factor
+  high_wavelen = s.original_max_position / s.high_freq_factor
+  wavelen = (2 * math.pi / inv).astype(np.float32)
+  scaled = np.where(wavelen > low_wavelen, inv / s.factor, inv)
+  smooth = (s.original_max_position / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+  smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+  medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+  return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+  """cos and sin [..., head_dim/2] in float32 for integer positions [...]."""
+  angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """Rotate-half rotary embedding; cos/sin broadcast against x [..., head_dim]."""
+  half = x.shape[-1] // 2
+  cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
+  x1, x2 = x[..., :half], x[..., half:]
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def positions_from_mask(mask: jax.Array) -> jax.Array:
+  """Positions of left-padded rows: 0 at the first real token, pads clamp to 0."""
+  return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def _param(rngs: nnx.Rngs | None, shape, dtype, axes, std: float | None):
+  if std is None:
+    value = jnp.ones(shape, dtype)
+  elif std == 0.0:
+    value = jnp.zeros(shape, dtype)
+  else:
+    value = (std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+  return nnx.Param(value, axes=axes)
+
+
+class Block(nnx.Module):
+  """One pre-norm decoder layer: attention with a residual, then the MLP with a residual."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    e, kv, g, d, f = cfg.d_model, cfg.num_kv_heads, cfg.group_size, cfg.head_dim, cfg.mlp_dim
+    pd, std = cfg.weight_dtype, cfg.init_std
+    self.attn_norm = _param(rngs, (e,), pd, ("norm",), None)
+    self.qkv = _param(rngs, (e, kv, g + 2, d), pd, ("embed", "kv_heads", "qkv", "head_dim"), std)
+    self.qkv_bias = (_param(rngs, (kv, g + 2, d), pd, ("kv_heads", "qkv", "head_dim"), 0.0)
+                     if cfg.qkv_bias else None)
+    self.q_norm = _param(rngs, (d,), pd, ("norm",), None) if cfg.qk_norm else None
+    self.k_norm = _param(rngs, (d,), pd, ("norm",), None) if cfg.qk_norm else None
+    self.o = _param(rngs, (kv, g, d, e), pd, ("kv_heads", "q_per_kv", "head_dim", "embed"), std)
+    self.mlp_norm = _param(rngs, (e,), pd, ("norm",), None)
+    self.gate_up = _param(rngs, (e, 2, f), pd, ("embed", None, "mlp"), std)
+    self.down = _param(rngs, (f, e), pd, ("mlp", "embed"), std)
+
+  def _w(self, p: nnx.Param) -> jax.Array:
+    return p[...].astype(self.cfg.compute_dtype)
+
+  def project_qkv(self, h: jax.Array, cos: jax.Array, sin: jax.Array):
+    """Normed hidden [..., E] -> q [..., KV, G, D], k and v [..., KV, D], rotated."""
+    g = self.cfg.group_size
+    w = self._w(self.qkv)
+    # A plain 2-D matmul: the merged output axis keeps kv_heads outermost, so its sharding holds.
+    qkv = jnp.dot(h, w.reshape(w.shape[0], -1)).reshape(h.shape[:-1] + w.shape[1:])
+    if self.qkv_bias is not None:
+      qkv = qkv + self._w(self.qkv_bias)
+    qkv = c(qkv, "act_kv_heads", None, None)
+    q, k, v = qkv[..., :g, :], qkv[..., g, :], qkv[..., g + 1, :]
+    if self.q_norm is not None:
+      q = rms_norm(q, self.q_norm[...], self.cfg.rms_eps)
+      k = rms_norm(k, self.k_norm[...], self.cfg.rms_eps)
+    q = apply_rope(q, cos[..., None, None, :], sin[..., None, None, :])
+    k = apply_rope(k, cos[..., None, :], sin[..., None, :])
+    return q, k, v
+
+  def attn_out(self, o: jax.Array) -> jax.Array:
+    w = self._w(self.o)
+    return jnp.dot(o.reshape(o.shape[:-3] + (-1,)), w.reshape(-1, w.shape[-1]))
+
+  def mlp(self, h: jax.Array) -> jax.Array:
+    gu = c(jnp.einsum("...e,ecf->...cf", h, self._w(self.gate_up)), None, "act_mlp")
+    return jnp.einsum("...f,fe->...e", jax.nn.silu(gu[..., 0, :]) * gu[..., 1, :], self._w(self.down))
+
+  def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask_BxSxT: jax.Array,
+               last_only: bool = False):
+    """Full-sequence layer. Returns the new residual stream and this layer's (k, v).
+
+    With `last_only` keys and values cover every position but the output only the last one.
+    """
+    eps = self.cfg.rms_eps
+    q, k, v = self.project_qkv(rms_norm(x, self.attn_norm[...], eps), cos, sin)
+    if last_only:
+      q, x, mask_BxSxT = q[:, -1:], x[:, -1:], mask_BxSxT[:, -1:]
+    x = x + self.attn_out(attention(q, k, v, mask_BxSxT))
+    x = c(x, "act_embed")
+    x = x + self.mlp(rms_norm(x, self.mlp_norm[...], eps))
+    return c(x, "act_embed"), (k, v)
+
+
+def attention(q_BxSxKxGxD, k_BxTxKxD, v_BxTxKxD, mask_BxSxT) -> jax.Array:
+  """Grouped-query softmax attention, scores and softmax in float32."""
+  scale = 1.0 / math.sqrt(q_BxSxKxGxD.shape[-1])
+  s = jnp.einsum("bskgd,btkd->bkgst", q_BxSxKxGxD, k_BxTxKxD,
+                 preferred_element_type=jnp.float32) * scale
+  s = jnp.where(mask_BxSxT[:, None, None], s, NEG_INF)
+  p = jax.nn.softmax(s, axis=-1).astype(v_BxTxKxD.dtype)
+  return jnp.einsum("bkgst,btkd->bskgd", p, v_BxTxKxD)

@@ -1,0 +1,117 @@
+"""The decoder backbone, the policy (`CausalLM`) and the critic (`ValueModel`) built on it."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rlscale.models.config import ModelConfig
+from rlscale.sharding import constrain
+from rlscale.models.layers import (Block, _param, c, positions_from_mask, rms_norm, rope_cos_sin,
+                                   rope_inv_freq)
+
+
+def causal_mask(mask_BxT: jax.Array) -> jax.Array:
+  """[B, S, T]: query s sees key t when t <= s and t is a real token."""
+  t = mask_BxT.shape[-1]
+  return jnp.tril(jnp.ones((t, t), bool))[None] & mask_BxT[:, None, :].astype(bool)
+
+
+class Decoder(nnx.Module):
+  """Token embedding, `num_layers` blocks and the final norm."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embed = _param(rngs, (cfg.vocab_size, cfg.d_model), cfg.weight_dtype, ("vocab", "embed"),
+                        cfg.init_std)
+    self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    self.final_norm = _param(rngs, (cfg.d_model,), cfg.weight_dtype, ("norm",), None)
+
+  def embed_tokens(self, tokens: jax.Array) -> jax.Array:
+    # Gather the table whole (as FSDP gathers any weight) so that the lookup is local to each
+    # batch shard; looking up in a vocab-sharded table makes XLA replicate it less cleanly.
+    table = constrain(self.embed[...], (None, None))
+    x = jnp.take(table, tokens, axis=0).astype(self.cfg.compute_dtype)
+    return c(x, "act_embed")
+
+  def rope(self, positions: jax.Array):
+    return rope_cos_sin(positions, rope_inv_freq(self.cfg))
+
+  def final(self, x: jax.Array) -> jax.Array:
+    return rms_norm(x, self.final_norm[...], self.cfg.rms_eps)
+
+  def __call__(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, return_kv: bool = False):
+    """Final-normed hidden states [B, T, E] of left-padded rows (and every layer's k, v)."""
+    x, kvs = self._run(tokens_BxT, mask_BxT, last_only=False)
+    return (x, kvs) if return_kv else x
+
+  def prefill(self, tokens_BxT: jax.Array, mask_BxT: jax.Array):
+    """(final-normed hidden state of the last position [B, E], every layer's k and v).
+
+    The last layer's attention output and MLP run for the last position only: no other
+    position's output is used when decoding starts.
+    """
+    x, kvs = self._run(tokens_BxT, mask_BxT, last_only=True)
+    return x[:, -1], kvs
+
+  def _run(self, tokens_BxT, mask_BxT, last_only: bool):
+    cos, sin = self.rope(positions_from_mask(mask_BxT))
+    attn_mask = causal_mask(mask_BxT)
+    x = self.embed_tokens(tokens_BxT)
+    kvs = []
+    for i, layer in enumerate(self.layers):
+      x, kv = layer(x, cos, sin, attn_mask, last_only=last_only and i == len(self.layers) - 1)
+      kvs.append(kv)
+    return self.final(x), kvs
+
+
+class CausalLM(nnx.Module):
+  """The policy: the backbone and a language-model head (tied to the embedding or not)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.model = Decoder(cfg, rngs=rngs)
+    self.lm_head = (None if cfg.tie_embeddings else
+                    _param(rngs, (cfg.d_model, cfg.vocab_size), cfg.weight_dtype, ("embed", "vocab"),
+                           cfg.init_std))
+
+  def logits(self, hidden: jax.Array) -> jax.Array:
+    """float32 logits [..., V] of final-normed hidden states [..., E]."""
+    dt = self.cfg.compute_dtype
+    if self.lm_head is None:
+      out = jnp.einsum("...e,ve->...v", hidden, self.model.embed[...].astype(dt),
+                       preferred_element_type=jnp.float32)
+    else:
+      out = jnp.einsum("...e,ev->...v", hidden, self.lm_head[...].astype(dt),
+                       preferred_element_type=jnp.float32)
+    return c(out, "act_vocab")
+
+  def __call__(self, tokens_BxT: jax.Array, mask_BxT: jax.Array) -> jax.Array:
+    return self.logits(self.model(tokens_BxT, mask_BxT))
+
+  def token_logprobs(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, start: int) -> jax.Array:
+    """log p(tokens[:, t] | tokens[:, :t]) for t >= start, float32 [B, T - start].
+
+    Only the positions that predict tokens[start:] go through the head.
+    """
+    hidden = self.model(tokens_BxT, mask_BxT)[:, start - 1:-1]
+    logp = jax.nn.log_softmax(self.logits(hidden), axis=-1)
+    return jnp.take_along_axis(logp, tokens_BxT[:, start:, None], axis=-1)[..., 0]
+
+
+class ValueModel(nnx.Module):
+  """The critic: the same backbone with a scalar value head."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.model = Decoder(cfg, rngs=rngs)
+    self.value_head = _param(rngs, (cfg.d_model,), cfg.weight_dtype, ("embed",), cfg.init_std)
+    self.value_bias = _param(rngs, (), cfg.weight_dtype, (), 0.0)
+
+  def __call__(self, tokens_BxT: jax.Array, mask_BxT: jax.Array) -> jax.Array:
+    """float32 values [B, T], one per position."""
+    hidden = self.model(tokens_BxT, mask_BxT)
+    v = jnp.einsum("bte,e->bt", hidden, self.value_head[...].astype(hidden.dtype),
+                   preferred_element_type=jnp.float32)
+    return v + self.value_bias[...].astype(jnp.float32)

@@ -1,0 +1,241 @@
+"""Sampling responses on the mesh: jitted prefill of left-padded prompts, then a KV-cache loop.
+
+`Sampler` compiles one call for one (batch, prompt length) shape; `generate` runs a larger
+batch in calls of `generation_batch` rows. The loop stops when every row has produced an EOS
+or the token budget is spent.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from rlscale import distributed, sharding
+from rlscale.models.layers import rms_norm
+from rlscale.sampling import kv_cache
+from rlscale.sampling.sample import SamplingParams, is_eos, row_keys, row_uniforms, sample
+
+
+class Rollout(NamedTuple):
+  tokens: jax.Array  # [B, N] int32, pad_id after a row's end
+  logprobs: jax.Array  # [B, N] float32, log p under the policy at temperature 1; 0 off the mask
+  sample_logprobs: jax.Array  # [B, N] float32, log p under the sampling distribution
+  mask: jax.Array  # [B, N] bool, the generated tokens (EOS included)
+  lengths: jax.Array  # [B] int32
+  steps: jax.Array  # [] int32, tokens the loop sampled per row: < N when every row ended early
+
+
+class Cache(NamedTuple):
+  """Every layer's prompt segment and generation chunks (see kv_cache)."""
+  prompt: list[kv_cache.Segment]
+  chunks: list[list[kv_cache.Segment]]
+
+
+class Sampler:
+  """Compiled sampling for one policy graph and one set of sampling settings.
+
+  The KV cache is an argument of the compiled call, donated and handed back, so repeated
+  calls of one shape reuse the same buffers instead of allocating and faulting in new ones.
+  `release()` frees them (e.g. before a memory-hungry update).
+  """
+
+  def __init__(self, graphdef: nnx.GraphDef, params: SamplingParams, mesh: Mesh,
+               rules: sharding.Rules | None = None):
+    self.graphdef = graphdef
+    self.params = params
+    self.mesh = mesh
+    self.rules = rules or sharding.rules_from_config(None)
+    self.traces = 0  # how many times the call was traced (a retrace guard for tests)
+    self._caches: dict[tuple[int, int], Cache] = {}
+    b1, b2 = sharding.batch_sharding(mesh, 1, self.rules), sharding.batch_sharding(mesh, 2, self.rules)
+    self._rollout_shardings = Rollout(b2, b2, b2, b2, b1, sharding.replicated(mesh))
+    self._calls: dict[tuple[int, int], Any] = {}
+    self._cfg = None
+
+  def __call__(self, state: nnx.State, tokens_BxP, mask_BxP, key: jax.Array,
+               row_ids=None) -> Rollout:
+    """Sample for every row; row r's randomness is `key` folded with row_ids[r].
+
+    Tokens, mask and row_ids are this process's rows (all rows when there is one process);
+    row_ids default to the rows' global indices.
+    """
+    local = np.shape(tokens_BxP)[0]
+    if row_ids is None:
+      row_ids = np.arange(local, dtype=np.int32) + jax.process_index() * local
+    tokens_BxP = sharding.put_batch(tokens_BxP, self.mesh, self.rules)
+    mask_BxP = sharding.put_batch(mask_BxP, self.mesh, self.rules)
+    row_ids = sharding.put_batch(np.asarray(row_ids, np.int32), self.mesh, self.rules)
+    shape = tuple(tokens_BxP.shape)  # global
+    cfg = self.graphdef_cfg(state)
+    cache_shardings = self._cache_shardings(_cache_shapes(cfg, self.params, *shape))
+    if shape not in self._calls:
+      self._calls[shape] = jax.jit(self._run, donate_argnums=1,
+                                   out_shardings=(self._rollout_shardings, cache_shardings))
+    if shape not in self._caches:
+      self._caches[shape] = jax.jit(lambda: _empty_cache(cfg, self.params, *shape),
+                                    out_shardings=cache_shardings)()
+    rollout, self._caches[shape] = self._calls[shape](
+        state, self._caches.pop(shape), tokens_BxP, mask_BxP, key, row_ids)
+    return rollout
+
+  def graphdef_cfg(self, state):
+    if self._cfg is None:
+      self._cfg = nnx.merge(self.graphdef, state).cfg
+    return self._cfg
+
+  def release(self) -> None:
+    """Free the KV caches; the next call allocates them again (it does not recompile)."""
+    self._caches.clear()
+
+  def _cache_shardings(self, shapes: "Cache"):
+    return jax.tree.map(
+        lambda s: sharding.named_sharding(("batch", "act_kv_heads", None, None), s.shape,
+                                          self.mesh, self.rules), shapes)
+
+  def _run(self, state, cache, tokens_BxP, mask_BxP, key, row_ids):
+    self.traces += 1
+    with sharding.activation_sharding(self.mesh, self.rules):
+      return _decode(nnx.merge(self.graphdef, state), self.params, cache, tokens_BxP,
+                     mask_BxP.astype(bool), key, row_ids)
+
+
+def _cache_shapes(cfg, p: SamplingParams, batch: int, prompt_len: int) -> Cache:
+  return jax.eval_shape(lambda: _empty_cache(cfg, p, batch, prompt_len))
+
+
+def _empty_cache(cfg, p: SamplingParams, batch: int, prompt_len: int) -> Cache:
+  slots = p.max_new_tokens - 1
+  chunk = kv_cache.chunk_size(slots, p.decode_chunk)
+  n = kv_cache.num_chunks(slots, chunk) if slots else 0
+  kvh, d, dt = cfg.num_kv_heads, cfg.head_dim, cfg.compute_dtype
+  return Cache([kv_cache.empty_chunk(batch, kvh, d, prompt_len, dt) for _ in range(cfg.num_layers)],
+               [[kv_cache.empty_chunk(batch, kvh, d, chunk, dt) for _ in range(n)]
+                for _ in range(cfg.num_layers)])
+
+
+def _decode(policy, p: SamplingParams, cache: Cache, tokens_BxP, mask_BxP, key, row_ids):
+  cfg = policy.cfg
+  decoder = policy.model
+  b, plen = tokens_BxP.shape
+  n = p.max_new_tokens
+  keys = row_keys(key, row_ids)
+
+  hidden, kvs = decoder.prefill(tokens_BxP, mask_BxP)
+  prompt = [kv_cache.prompt_segment(k, v) for k, v in kvs]
+  # Rotary tables for every position a generated token can take.
+  cos_table, sin_table = decoder.rope(jnp.arange(plen + n, dtype=jnp.int32))
+  start_pos = jnp.sum(mask_BxP, axis=-1, dtype=jnp.int32)
+
+  def pick(logits, step, done):
+    tok, lp, slp = sample(logits, row_uniforms(keys, step), p)
+    tok = jnp.where(done, p.pad_id, tok)
+    return tok, jnp.where(done, 0.0, lp), jnp.where(done, 0.0, slp)
+
+  def record(out, step, tok, lp, slp, done):
+    toks, lps, slps, live = out
+    at = (jnp.zeros((), jnp.int32), step)
+    toks = jax.lax.dynamic_update_slice(toks, tok[:, None], at)
+    lps = jax.lax.dynamic_update_slice(lps, lp[:, None], at)
+    slps = jax.lax.dynamic_update_slice(slps, slp[:, None], at)
+    live = jax.lax.dynamic_update_slice(live, (~done)[:, None], at)
+    return toks, lps, slps, live
+
+  out = (jnp.full((b, n), p.pad_id, jnp.int32), jnp.zeros((b, n), jnp.float32),
+         jnp.zeros((b, n), jnp.float32), jnp.zeros((b, n), bool))
+  no = jnp.zeros((b,), bool)
+  tok, lp, slp = pick(policy.logits(hidden), jnp.zeros((), jnp.int32), no)
+  out = record(out, 0, tok, lp, slp, no)
+  done = is_eos(tok, p.eos_ids)
+  steps = jnp.where(jnp.all(done), 1, n).astype(jnp.int32)  # tokens sampled per row until all end
+
+  # Step i feeds token i-1 into slot i-1 and samples token i, for i in [1, n).
+  slots = n - 1
+  all_chunks = [[kv_cache.clear(s) for s in layer] for layer in cache.chunks]
+  chunk = all_chunks[0][0].v_BxKxTxD.shape[2] if slots else 1
+  live_chunks: list[list[kv_cache.Segment]] = [[] for _ in range(cfg.num_layers)]
+  slot_ids = jnp.arange(chunk, dtype=jnp.int32)
+  for j in range(len(all_chunks[0])):
+    for layer, mine in zip(live_chunks, all_chunks):
+      layer.append(mine[j])
+    end = min((j + 1) * chunk, slots) + 1
+
+    def body(carry, j=j):
+      i, tok, done, out, chunks = carry
+      slot = i - 1
+      offset = slot - j * chunk
+      pos = start_pos + slot
+      cos, sin = cos_table[pos], sin_table[pos]
+      valid = [mask_BxP] + [jnp.ones((1, chunk), bool)] * j + [(slot_ids <= offset)[None]]
+      x = decoder.embed_tokens(tok)
+      new_chunks = []
+      for layer, pseg, segs in zip(decoder.layers, prompt, chunks):
+        q, k, v = layer.project_qkv(rms_norm(x, layer.attn_norm[...], cfg.rms_eps), cos, sin)
+        segs = segs[:-1] + [kv_cache.write(segs[-1], offset, k, v)]
+        x = x + layer.attn_out(kv_cache.attend(q, [pseg] + segs, valid))
+        x = x + layer.mlp(rms_norm(x, layer.mlp_norm[...], cfg.rms_eps))
+        new_chunks.append(segs)
+      tok, lp, slp = pick(policy.logits(decoder.final(x)), i, done)
+      out = record(out, i, tok, lp, slp, done)
+      return i + 1, tok, done | is_eos(tok, p.eos_ids), out, new_chunks
+
+    def cond(carry, end=end):
+      return (carry[0] < end) & ~jnp.all(carry[2])
+
+    start = jnp.asarray(j * chunk + 1, jnp.int32)
+    i, tok, done, out, live_chunks = jax.lax.while_loop(cond, body,
+                                                        (start, tok, done, out, live_chunks))
+    steps = jnp.where(jnp.all(done) & (steps == n), i, steps)
+
+  toks, lps, slps, live = out
+  rollout = Rollout(toks, lps, slps, live, jnp.sum(live, axis=-1, dtype=jnp.int32), steps)
+  return rollout, Cache(prompt, live_chunks)
+
+
+def generate(sampler: Sampler, state: nnx.State, tokens_BxP: np.ndarray, mask_BxP: np.ndarray,
+             key: jax.Array, generation_batch: int | None = None) -> Rollout:
+  """Sample for all rows, `generation_batch` rows per compiled call (the last call is padded).
+
+  On several processes the arguments are this process's rows and `generation_batch` counts
+  rows over all processes; a row's sample depends only on `key` and its global index, not on
+  the generation batch, the mesh or the number of processes.
+  """
+  tokens_BxP, mask_BxP = np.asarray(tokens_BxP, np.int32), np.asarray(mask_BxP, bool)
+  local = tokens_BxP.shape[0]
+  procs = jax.process_count()
+  gb = (generation_batch or local * procs)
+  if gb % procs:
+    raise ValueError(f"generation_batch={gb} does not split over {procs} processes")
+  gb //= procs
+  first = jax.process_index() * local
+  parts = []
+  for start in range(0, local, gb):
+    toks, mask = tokens_BxP[start:start + gb], mask_BxP[start:start + gb]
+    ids = np.arange(first + start, first + start + toks.shape[0], dtype=np.int32)
+    rows = toks.shape[0]
+    if rows < gb:  # keep one compiled shape: pad with copies of the first row, drop them after
+      pad = gb - rows
+      toks = np.concatenate([toks, np.repeat(toks[:1], pad, 0)])
+      mask = np.concatenate([mask, np.repeat(mask[:1], pad, 0)])
+      ids = np.concatenate([ids, np.repeat(ids[:1], pad)])
+    out = sampler(state, toks, mask, key, ids)
+    parts.append(out if rows == gb else out._replace(**{f: getattr(out, f)[:rows] for f in _ROWS}))
+  if len(parts) == 1:
+    return parts[0]
+  return Rollout(*(_concat_rows([getattr(p, f) for p in parts], sampler) for f in _ROWS),
+                 steps=jnp.max(jnp.stack([p.steps for p in parts])))
+
+
+def _concat_rows(arrays: list[jax.Array], sampler: Sampler) -> jax.Array:
+  """Concatenate batch-sharded arrays so that each process's rows stay its own."""
+  if jax.process_count() == 1:
+    return jnp.concatenate(arrays)
+  local = np.concatenate([distributed.host_local(a) for a in arrays])
+  return sharding.put_batch(local, sampler.mesh, sampler.rules)
+
+
+_ROWS = ("tokens", "logprobs", "sample_logprobs", "mask", "lengths")

@@ -1,0 +1,30 @@
+"""rlscale: batch-size scaling laws for reinforcement learning of language models, in JAX."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="rlscale",
+    version="0.1.0",
+    description="Batch-size scaling for GRPO and PPO on language models, in JAX",
+    long_description=open("README.md").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["rlscale", "rlscale.*"]),
+    install_requires=[
+        "jax>=0.10.2",
+        "flax>=0.12.8",
+        "optax>=0.2.8",
+        "orbax-checkpoint>=0.12.8",
+        "ml-collections>=1.1.0",
+        "absl-py>=2.1",
+        "numpy>=2.0",
+        "ml_dtypes>=0.5",  # bfloat16 in numpy, for safetensors checkpoints
+        "tokenizers>=0.21",  # tokenizer.json of Hugging Face checkpoints
+        "jinja2>=3.1",  # chat templates of Hugging Face checkpoints
+    ],
+    extras_require={
+        "test": ["pytest>=8"],
+        # The reference implementation for the parity tests; the CPU wheel of torch.
+        "hf": ["torch==2.13.0", "transformers>=4.56"],
+    },
+)
