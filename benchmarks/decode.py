@@ -35,7 +35,7 @@ flags.DEFINE_integer("prompt_len", 32, "prompt tokens per row")
 flags.DEFINE_integer("new_tokens", 64, "tokens generated per row")
 flags.DEFINE_string("dtype", "float32", "activation and parameter dtype")
 flags.DEFINE_integer("decode_chunk", 64, "KV-cache slots per chunk of generated tokens")
-flags.DEFINE_integer("repeats", 7, "timed calls (median reported)")
+flags.DEFINE_integer("repeats", 11, "timed calls (median reported)")
 flags.DEFINE_list("mesh", ["-1", "1", "1"], "data,fsdp,tensor")
 
 

@@ -101,7 +101,7 @@ def test_inverse_cdf_sampling_has_the_softmax_frequencies():
   logits = jnp.array([2.0, 0.5, -1.0, 1.0, 0.0, -np.inf, 1.5, -3.0])
   n = 40_000
   keys = row_keys(jax.random.key(0), jnp.arange(n))
-  u = row_uniforms(keys, jnp.int32(3))
+  u = row_uniforms(keys, 4)[:, 3]
   tok, lp, slp = sample(jnp.tile(logits, (n, 1)), u, SamplingParams(max_new_tokens=1))
   freq = np.bincount(np.asarray(tok), minlength=8) / n
   p = np.asarray(jax.nn.softmax(logits))

@@ -131,8 +131,11 @@ def _decode(policy, p: SamplingParams, cache: Cache, tokens_BxP, mask_BxP, key, 
   cos_table, sin_table = decoder.rope(jnp.arange(plen + n, dtype=jnp.int32))
   start_pos = jnp.sum(mask_BxP, axis=-1, dtype=jnp.int32)
 
+  u_BxN = row_uniforms(keys, n)  # row r samples step i with u[r, i]
+
   def pick(logits, step, done):
-    tok, lp, slp = sample(logits, row_uniforms(keys, step), p)
+    u = jax.lax.dynamic_index_in_dim(u_BxN, step, axis=1, keepdims=False)
+    tok, lp, slp = sample(logits, u, p)
     tok = jnp.where(done, p.pad_id, tok)
     return tok, jnp.where(done, 0.0, lp), jnp.where(done, 0.0, slp)
 

@@ -2,8 +2,8 @@
 
 One uniform number per row picks the token from the cumulative distribution, which is exact
 categorical sampling and needs B random numbers per step instead of the B x V of Gumbel-max.
-Each row's uniform comes from its own key folded with the step, so a row's sample does not
-depend on the batch it is decoded in or on how the batch is sharded.
+Each row's uniforms come from its own key (the call's key folded with the row's global index),
+so a row's sample does not depend on the batch it is decoded in or on how it is sharded.
 """
 
 from __future__ import annotations
@@ -46,10 +46,9 @@ def row_keys(key: jax.Array, row_ids: jax.Array) -> jax.Array:
   return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, row_ids)
 
 
-def row_uniforms(keys: jax.Array, step: jax.Array) -> jax.Array:
-  """One number in (0, 1] per row for decode step `step`."""
-  u = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, step)))(keys)
-  return 1.0 - u
+def row_uniforms(keys: jax.Array, steps: int) -> jax.Array:
+  """[B, steps] numbers in (0, 1]: row r's draw for every decode step, made before the loop."""
+  return jax.vmap(lambda k: 1.0 - jax.random.uniform(k, (steps,)))(keys)
 
 
 def _pick(weights_BxV: jax.Array, u_B: jax.Array) -> jax.Array:
