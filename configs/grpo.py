@@ -1,0 +1,71 @@
+"""GRPO on the embedded arithmetic task, from a supervised base policy.
+
+    python launch/main.py --config=configs/grpo.py
+    python launch/main.py --config=configs/grpo.py --config.rl.num_prompts=64
+    python launch/main.py --config=configs/grpo.py:tiny        # seconds, for tests
+
+Batch units follow DESIGN.md: num_prompts P x group_size G responses per step, cut into
+num_minibatches optimizer steps per epoch, num_epochs passes, microbatch rows per pass.
+"""
+
+import ml_collections
+
+from rlscale import config_common as common
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.kind = "grpo"  # which trainer runs this config
+  c.seed = 0  # every random draw of the run derives from it
+  c.model = common.model("tiny", vocab_size=32)  # used when building the base policy
+  c.mesh = common.mesh()
+  c.task = common.task("arithmetic")
+
+  c.init = ml_collections.ConfigDict()
+  c.init.hf_checkpoint = ""  # start from this Hugging Face folder instead of the SFT base
+  c.init.sft_config = "configs/sft.py"  # the base policy's recipe (its model/task/mesh are ours)
+  c.init.cache_dir = "runs/base"  # base policies are cached here by the SFT config's hash
+
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.max_new_tokens = 8  # response budget in tokens (EOS included)
+  c.rollout.temperature = 1.0  # sampling temperature of the training responses
+  c.rollout.top_k = 0  # 0 keeps every token
+  c.rollout.top_p = 1.0  # 1 keeps every token
+  c.rollout.generation_batch = 512  # responses per compiled decode call
+  c.rollout.decode_chunk = 64  # KV-cache slots per chunk of generated tokens
+
+  c.rl = ml_collections.ConfigDict()
+  c.rl.num_prompts = 32  # P: prompts per RL step
+  c.rl.group_size = 8  # G: responses per prompt
+  c.rl.num_minibatches = 1  # optimizer steps per epoch; a mini-batch is P*G/num_minibatches
+  c.rl.num_epochs = 1  # passes over each step's responses
+  c.rl.microbatch = 256  # responses per forward/backward pass (never changes the gradient)
+  c.rl.advantage = "grpo"  # grpo (std-normalized) | dr_grpo (mean only) | rloo
+  c.rl.clip_eps_low = 0.2  # ratio clip 1 - eps_low
+  c.rl.clip_eps_high = 0.28  # ratio clip 1 + eps_high (DAPO's clip-higher)
+  c.rl.kl_coef = 0.0  # weight of the KL penalty to the frozen base policy; 0 skips it
+  c.rl.kl_estimator = "k3"  # k1 | k2 | k3
+  c.rl.entropy_coef = 0.0  # entropy bonus weight
+  c.rl.loss_aggregation = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
+  c.rl.old_logprobs = "sampler"  # sampler: log-probs recorded while sampling; recompute: a forward
+
+  c.optim = common.optim(lr=2e-4)
+  c.optim.weight_decay = 0.0
+
+  c.train = common.run(num_steps=150)
+  c.eval = ml_collections.ConfigDict()
+  c.eval.sampled = True  # also score one temperature-1 response per held-out problem
+  c.eval.generation_batch = 512  # held-out rows per compiled decode call
+
+  if arg == "tiny":
+    c.model.update(d_model=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32, mlp_dim=128)
+    c.task.digits, c.task.num_eval = 2, 32
+    c.rollout.max_new_tokens, c.rollout.generation_batch = 4, 32
+    c.rl.num_prompts, c.rl.group_size, c.rl.microbatch = 4, 4, 8
+    c.rl.num_minibatches = 2
+    c.train.num_steps, c.train.eval_every, c.train.checkpoint_every = 4, 2, 2
+    c.eval.generation_batch = 32
+    c.init.sft_config = "configs/sft.py:tiny"
+  elif arg:
+    raise ValueError(f"configs/grpo.py: unknown variant {arg!r} (known: tiny)")
+  return c

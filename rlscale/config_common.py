@@ -1,0 +1,83 @@
+"""Config sections that every experiment file shares (model, mesh, task, optimizer, run).
+
+Experiment files in configs/ build their ConfigDict from these and set what differs; every
+field carries its comment here, where it is defined.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+from ml_collections.config_dict import placeholder
+
+
+def model(name: str = "tiny", **overrides) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.name = name  # a named size of rlscale.models.NAMED; ignored when hf_checkpoint is set
+  c.hf_checkpoint = ""  # a Hugging Face folder (config.json, safetensors, tokenizer.json)
+  c.dtype = "float32"  # activations and matmuls; 'bfloat16' on GPU and TPU
+  c.param_dtype = "float32"  # stored parameters and optimizer moments
+  # Overrides of the named size; None keeps its value.
+  c.vocab_size = placeholder(int)  # rows of the embedding; at least the tokenizer's vocabulary
+  c.d_model = placeholder(int)  # model width
+  c.num_layers = placeholder(int)  # decoder layers
+  c.num_heads = placeholder(int)  # query heads
+  c.num_kv_heads = placeholder(int)  # key/value heads (grouped-query attention)
+  c.head_dim = placeholder(int)  # width of one head
+  c.mlp_dim = placeholder(int)  # SwiGLU hidden width
+  c.rope_theta = placeholder(float)  # rotary base
+  for k, v in overrides.items():
+    c[k] = v
+  return c
+
+
+def mesh() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.shape = (-1, 1, 1)  # devices along (data, fsdp, tensor); one -1 takes the remaining devices
+  c.rules = ()  # extra (logical axis, mesh axis or axes) pairs over sharding.DEFAULT_RULES
+  return c
+
+
+def task(name: str = "arithmetic") -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.name = name  # arithmetic (embedded) | tfds_math | reasoning_gym
+  c.seed = 0  # problem streams and the held-out set derive from it
+  c.num_eval = 500  # size of the held-out set
+  # arithmetic: operands of 1..digits digits, ops from '+-*', products' second factor <= mul_digits
+  c.digits = 3
+  c.ops = "+-*"
+  c.mul_digits = 1
+  # tfds_math: a prepared TFDS math_dataset config read with tfds.data_source (no download)
+  c.tfds_name = "math_dataset/arithmetic__add_or_sub"
+  c.data_dir = ""  # the user's TFDS data_dir
+  # reasoning_gym: one of its procedural generators (pip install 'rlscale[reasoning]')
+  c.rg_dataset = "basic_arithmetic"
+  c.rg_size = 100_000  # problems in the training stream before it repeats
+  c.max_prompt_len = 256  # prompts longer than this (in tokens) are skipped (tfds, reasoning_gym)
+  c.max_answer_len = 32  # tokens a correct response needs (tfds, reasoning_gym)
+  return c
+
+
+def optim(lr: float) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.lr = lr  # peak learning rate
+  c.schedule = "constant"  # constant | cosine | linear (decay after warmup)
+  c.warmup_steps = 0  # linear warmup from 0, in optimizer steps
+  c.final_lr_frac = 0.0  # cosine/linear decay ends at lr * final_lr_frac
+  c.b1 = 0.9  # Adam beta1
+  c.b2 = 0.999  # Adam beta2
+  c.eps = 1e-8  # Adam epsilon
+  c.weight_decay = 0.0  # decoupled weight decay (AdamW)
+  c.grad_clip = 1.0  # clip the global gradient norm to this; 0 turns clipping off
+  return c
+
+
+def run(num_steps: int) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.num_steps = num_steps  # steps of the run
+  c.eval_every = 25  # held-out evaluation every N steps (and at the end); 0 only at the end
+  c.checkpoint_every = 50  # save every N steps (and at the end); 0 only at the end
+  c.keep_checkpoints = 2  # checkpoints kept on disk
+  c.async_checkpoint = True  # write checkpoints while the next steps run
+  c.log_every = 10  # console progress line every N steps
+  c.tensorboard = True  # TensorBoard event files beside metrics.jsonl
+  return c

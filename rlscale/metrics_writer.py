@@ -1,0 +1,99 @@
+"""Where a run's numbers go: metrics.jsonl (the source of truth), TensorBoard, the console."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from absl import logging
+
+
+def _plain(v: Any) -> Any:
+  if isinstance(v, (np.generic, jax.Array, np.ndarray)):
+    v = np.asarray(v).item()
+  if isinstance(v, float) and not math.isfinite(v):
+    return str(v)  # JSON has no NaN; keep it visible
+  return v
+
+
+class MetricsWriter:
+  """One JSON object per step in metrics.jsonl, the same scalars as TensorBoard events.
+
+  Only process 0 writes. On resume from step k, lines after step k are dropped first, so the
+  file holds each step once.
+  """
+
+  def __init__(self, workdir: str, resume_step: int | None = None, tensorboard: bool = True):
+    self.enabled = jax.process_index() == 0
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self._tb = None
+    if not self.enabled:
+      return
+    os.makedirs(workdir, exist_ok=True)
+    if os.path.exists(self.path):
+      keep = []
+      with open(self.path) as f:
+        for line in f:
+          try:
+            row = json.loads(line)
+          except json.JSONDecodeError:
+            continue  # a line cut by a crash
+          if resume_step is not None and row.get("step", 0) <= resume_step:
+            keep.append(line if line.endswith("\n") else line + "\n")
+      with open(self.path, "w") as f:
+        f.writelines(keep)
+    if tensorboard:
+      from tensorboardX import SummaryWriter  # protobuf only, no TensorFlow
+      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), flush_secs=10)
+
+  def write(self, step: int, metrics: dict[str, Any]) -> None:
+    if not self.enabled:
+      return
+    row = {"step": int(step)}
+    row.update({k: _plain(v) for k, v in metrics.items()})
+    with open(self.path, "a") as f:
+      f.write(json.dumps(row) + "\n")
+    if self._tb is not None:
+      for k, v in row.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
+          self._tb.add_scalar(k, v, step)
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()
+
+
+def write_json(path: str, obj: dict[str, Any]) -> None:
+  if jax.process_index() != 0:
+    return
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump({k: _plain(v) for k, v in obj.items()}, f, indent=2)
+  os.replace(tmp, path)
+
+
+class Progress:
+  """A console line every `every` steps: step, samples, reward, eval accuracy, speed, ETA."""
+
+  def __init__(self, total_steps: int, every: int = 1, start_step: int = 0):
+    self.total, self.every = total_steps, max(1, every)
+    self.start_step, self.t0 = start_step, time.time()
+
+  def update(self, step: int, fields: dict[str, Any]) -> None:
+    if jax.process_index() != 0 or (step % self.every and step != self.total):
+      return
+    done = step - self.start_step
+    rate = (time.time() - self.t0) / max(done, 1)
+    eta = rate * (self.total - step)
+    parts = [f"step {step}/{self.total}"]
+    for k, v in fields.items():
+      if v is None:
+        continue
+      parts.append(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}")
+    parts.append(f"{rate:.2f} s/step, ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+    logging.info(" | ".join(parts))

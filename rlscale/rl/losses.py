@@ -1,0 +1,89 @@
+"""Per-token policy losses and the loss aggregation modes. Pure functions of arrays.
+
+Every loss here is per token; `token_weights` turns a mini-batch's response mask into weights
+w such that the mini-batch loss is sum(w * loss). Weights are computed once for the whole
+mini-batch, so splitting it into micro-batches (gradient accumulation) never changes the
+gradient.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from rlscale.rl.registry import Registry
+
+AGGREGATIONS = Registry("loss aggregation")
+KL_ESTIMATORS = Registry("KL estimator")
+
+
+def clipped_surrogate(logp, old_logp, adv, eps_low: float, eps_high: float,
+                      dual_clip: float | None = None):
+  """PPO's clipped objective as a loss, per token, with separate low/high clip ranges (DAPO).
+
+  Returns (loss, clipped) where `clipped` marks tokens whose gradient the clip removed.
+  With `dual_clip` = c > 1 (Ye et al. 2020) the loss of a negative-advantage token is capped
+  at c * |adv|.
+  """
+  ratio = jnp.exp(logp - old_logp)
+  unclipped = -adv * ratio
+  clipped_obj = -adv * jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+  loss = jnp.maximum(unclipped, clipped_obj)
+  clipped = clipped_obj > unclipped
+  if dual_clip is not None:
+    cap = -adv * dual_clip
+    dual = (adv < 0) & (loss > cap)
+    loss = jnp.where(dual, cap, loss)
+    clipped = clipped | dual
+  return loss, clipped
+
+
+@KL_ESTIMATORS.register("k1")
+def kl_k1(logp, ref_logp):
+  """log pi - log pi_ref (Schulman's k1: unbiased, can be negative)."""
+  return logp - ref_logp
+
+
+@KL_ESTIMATORS.register("k2")
+def kl_k2(logp, ref_logp):
+  return 0.5 * jnp.square(logp - ref_logp)
+
+
+@KL_ESTIMATORS.register("k3")
+def kl_k3(logp, ref_logp):
+  """exp(ref - logp) - (ref - logp) - 1 (Schulman's k3: unbiased, never negative)."""
+  d = ref_logp - logp
+  return jnp.exp(d) - d - 1.0
+
+
+def entropy(logits):
+  """Entropy of softmax(logits) over the last axis, in nats."""
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  p = jnp.exp(logp)
+  return -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)  # 0 log 0 = 0 for masked logits
+
+
+@AGGREGATIONS.register("token-mean")
+def token_mean(mask_BxN, max_len: int):
+  """Every token of the mini-batch counts the same (DAPO)."""
+  m = mask_BxN.astype(jnp.float32)
+  return m / jnp.maximum(jnp.sum(m), 1.0)
+
+
+@AGGREGATIONS.register("seq-mean-token-mean")
+def seq_mean_token_mean(mask_BxN, max_len: int):
+  """Mean over each sequence's tokens, then over sequences (the original GRPO)."""
+  m = mask_BxN.astype(jnp.float32)
+  per_seq = jnp.maximum(jnp.sum(m, axis=-1, keepdims=True), 1.0)
+  return m / per_seq / m.shape[0]
+
+
+@AGGREGATIONS.register("seq-mean-token-sum-norm")
+def seq_mean_token_sum_norm(mask_BxN, max_len: int):
+  """Sum over each sequence's tokens divided by a constant length, then mean (Dr. GRPO)."""
+  m = mask_BxN.astype(jnp.float32)
+  return m / float(max_len) / m.shape[0]
+
+
+def token_weights(mask_BxN, mode: str, max_len: int):
+  return AGGREGATIONS.get(mode)(mask_BxN, max_len)

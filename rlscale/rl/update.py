@@ -1,0 +1,160 @@
+"""One jitted update over a batch of sequences: epochs x mini-batches x micro-batches.
+
+The batch is shuffled per epoch and cut into `num_minibatches` mini-batches, one optimizer step
+each. A mini-batch is processed in micro-batches of `microbatch` rows whose gradients are summed;
+token weights come from the whole mini-batch (see losses.token_weights), so the micro-batch
+size never changes the gradient. The algorithm supplies only a per-token loss.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh
+
+from rlscale import sharding
+from rlscale.rl.losses import entropy, token_weights
+
+
+class TrainState(NamedTuple):
+  params: nnx.State
+  opt_state: Any
+  step: jax.Array  # optimizer steps taken
+
+
+class SequenceBatch(NamedTuple):
+  """Prompt (left-padded) followed by response (right-padded): tokens [B, P + N]."""
+  tokens: jax.Array  # [B, T] int32
+  mask: jax.Array  # [B, T] bool, real tokens
+  resp_mask: jax.Array  # [B, N] bool, the response tokens that carry loss
+  extras: dict[str, jax.Array]  # per-token inputs of the loss, [B, N] (or [B] per sequence)
+
+
+class TokenInputs(NamedTuple):
+  """What a per-token loss sees for one micro-batch."""
+  logp: jax.Array  # [b, N] log pi(token) under the parameters being trained
+  logits: jax.Array  # [b, N, V] float32
+  mask: jax.Array  # [b, N] bool
+  extras: dict[str, jax.Array]
+
+
+# loss(inputs) -> (per-token loss [b, N], {metric name: per-token value [b, N]})
+TokenLoss = Callable[[TokenInputs], tuple[jax.Array, dict[str, jax.Array]]]
+
+
+def _rows(x, idx):
+  return jnp.take(x, idx, axis=0)
+
+
+def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, loss: TokenLoss,
+                *, num_minibatches: int, num_epochs: int, microbatch: int, aggregation: str,
+                max_len: int, mesh: Mesh, rules: sharding.Rules, shuffle: bool = True):
+  """A jitted `update(state, batch, key) -> (state, metrics)` with `state` donated.
+
+  Metrics: per-token loss metrics as token means over each mini-batch, averaged over the
+  optimizer steps; `grad_norm` (before clipping) mean and max over the optimizer steps.
+  """
+
+  def token_inputs(params, mb: SequenceBatch) -> TokenInputs:
+    model = nnx.merge(graphdef, params)
+    n = mb.resp_mask.shape[1]
+    hidden = model.model(mb.tokens, mb.mask)[:, -n - 1:-1]  # positions that predict the response
+    logits = model.logits(hidden)
+    logp_all = jax.nn.log_softmax(logits, axis=-1)
+    logp = jnp.take_along_axis(logp_all, mb.tokens[:, -n:, None], axis=-1)[..., 0]
+    return TokenInputs(logp, logits, mb.resp_mask, mb.extras)
+
+  def micro_loss(params, mb: SequenceBatch, w, mw):
+    inputs = token_inputs(params, mb)
+    per_token, metrics = loss(inputs)
+    metrics = dict(metrics, entropy=entropy(inputs.logits))
+    total = jnp.sum(w * per_token)
+    return total, {k: jnp.sum(mw * v) for k, v in metrics.items()}
+
+  grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+  def minibatch_step(state: TrainState, mb: SequenceBatch):
+    rows = mb.tokens.shape[0]
+    w = token_weights(mb.resp_mask, aggregation, max_len)
+    mw = token_weights(mb.resp_mask, "token-mean", max_len)  # metrics: token means
+    n_micro = rows // microbatch
+    split = lambda x: x.reshape((n_micro, microbatch) + x.shape[1:])
+    micro = jax.tree.map(split, (mb, w, mw))
+
+    def accumulate(grads, xs):
+      m, w_m, mw_m = xs
+      m, w_m, mw_m = jax.tree.map(lambda x: sharding.constrain(x, ("batch",) + (None,) * (x.ndim - 1)),
+                                  (m, w_m, mw_m))
+      (value, metrics), g = grad_fn(state.params, m, w_m, mw_m)
+      return jax.tree.map(jnp.add, grads, g), (value, metrics)
+
+    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    grads, (values, metrics) = jax.lax.scan(accumulate, zeros, micro)
+    grad_norm = optax.tree.norm(grads)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {k: jnp.sum(v) for k, v in metrics.items()}
+    metrics.update(loss=jnp.sum(values), grad_norm=grad_norm)
+    return TrainState(params, opt_state, state.step + 1), metrics
+
+  def update(state: TrainState, batch: SequenceBatch, key):
+    with sharding.activation_sharding(mesh, rules):
+      rows = batch.tokens.shape[0]
+      mb_rows = rows // num_minibatches
+      step_metrics = []
+      for epoch in range(num_epochs):
+        idx = (jax.random.permutation(jax.random.fold_in(key, epoch), rows) if shuffle
+               else jnp.arange(rows))
+        shuffled = jax.tree.map(lambda x: _rows(x, idx), batch)
+        mbs = jax.tree.map(lambda x: x.reshape((num_minibatches, mb_rows) + x.shape[1:]), shuffled)
+        state, metrics = jax.lax.scan(minibatch_step, state, mbs)
+        step_metrics.append(metrics)
+      metrics = jax.tree.map(lambda *xs: jnp.concatenate(xs), *step_metrics)
+      out = {k: jnp.mean(v) for k, v in metrics.items()}
+      out["grad_norm_max"] = jnp.max(metrics["grad_norm"])
+      return state, out
+
+  return Update(update, mesh, rules)
+
+
+class Update:
+  """`update` jitted with explicit shardings on its first call; the state is donated.
+
+  State shardings are read off the first state it sees (parameters as created, optimizer
+  moments alongside them); the batch is sharded over the batch axes; metrics are replicated.
+  `traces` counts compilations: it stays 1 for the whole run.
+  """
+
+  def __init__(self, fn, mesh: Mesh, rules: sharding.Rules):
+    self._fn, self.mesh, self.rules = fn, mesh, rules
+    self._jitted = None
+    self.traces = 0
+
+  def state_shardings(self, state: TrainState):
+    rep = sharding.replicated(self.mesh)
+    return jax.tree.map(
+        lambda x: x.sharding if isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)
+        else rep, state)
+
+  def place(self, state: TrainState) -> TrainState:
+    """Put a freshly built or restored state on the shardings the update expects."""
+    return jax.device_put(state, self.state_shardings(state))
+
+  def __call__(self, state: TrainState, batch: SequenceBatch, key):
+    batch_sh = jax.tree.map(lambda x: sharding.batch_sharding(self.mesh, x.ndim, self.rules), batch)
+    batch = jax.device_put(batch, batch_sh)  # a no-op for rows already on the batch axes
+    if self._jitted is None:
+      state_sh = self.state_shardings(state)
+      rep = sharding.replicated(self.mesh)
+
+      def counted(*args):
+        self.traces += 1
+        return self._fn(*args)
+
+      self._jitted = jax.jit(counted, donate_argnums=0, in_shardings=(state_sh, batch_sh, rep),
+                             out_shardings=(state_sh, rep))
+    return self._jitted(state, batch, key)

@@ -1,0 +1,282 @@
+"""The RL loop: prompts -> decode on the mesh -> rewards -> advantages -> jitted update.
+
+Sampling and training use the same parameters on the same mesh. Step N's update is dispatched,
+then step N+1's prompts are prepared and its decode dispatched before step N's metrics are
+fetched, checked for NaN/Inf and written; a step is checkpointed only once its metrics are
+known to be finite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+from flax import nnx
+
+from rlscale import distributed, experiment, models, optim, rollout, sharding
+from rlscale.checkpointing import Checkpointer
+from rlscale.checkpoints import hf
+from rlscale.config_validation import validate
+from rlscale.evaluation import Evaluator
+from rlscale.metrics_writer import MetricsWriter, Progress, write_json
+from rlscale.rl import grpo
+from rlscale.rl.advantages import ADVANTAGES
+from rlscale.rl.update import TrainState, make_update
+from rlscale.sampling import Sampler, SamplingParams, generate
+
+
+class NonFiniteError(FloatingPointError):
+  pass
+
+
+# --- the base policy ---
+
+def load_config_file(spec: str, relative_to: str | None = None) -> ml_collections.ConfigDict:
+  """`path/to/config.py[:arg]` -> get_config(arg)."""
+  path, _, arg = spec.partition(":")
+  if not os.path.exists(path) and relative_to:
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(relative_to))), path)
+  module_spec = importlib.util.spec_from_file_location("rlscale_config", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg or None)
+
+
+def base_policy(cfg: ml_collections.ConfigDict, config_file: str | None) -> str:
+  """A Hugging Face folder with the base policy: the configured one, or the cached SFT base.
+
+  The SFT recipe runs with this config's model, task, mesh and seed; its result is cached under
+  init.cache_dir by the recipe's hash and reused by every later run.
+  """
+  if cfg.init.hf_checkpoint:
+    return cfg.init.hf_checkpoint
+  from rlscale import sft
+  sft_cfg = load_config_file(cfg.init.sft_config, config_file)
+  with sft_cfg.unlocked():
+    sft_cfg.model, sft_cfg.task, sft_cfg.mesh = cfg.model, cfg.task, cfg.mesh
+    sft_cfg.seed = cfg.seed
+  folder = os.path.join(cfg.init.cache_dir, f"sft-{experiment.config_hash(sft_cfg, ('mesh',))}")
+  policy = os.path.join(folder, "policy")
+  if os.path.exists(os.path.join(policy, sft.DONE)):
+    logging.info("base policy: reusing %s", policy)
+    return policy
+  logging.info("base policy: building it with %s (%d SFT steps) into %s; later runs reuse it",
+               cfg.init.sft_config, sft_cfg.train.num_steps, folder)
+  validate(sft_cfg)
+  sft.run(sft_cfg, folder)
+  return policy
+
+
+# --- one step's bookkeeping ---
+
+@dataclasses.dataclass
+class Pending:
+  """A dispatched update whose metrics are not yet on the host.
+
+  Step N lasts from the end of step N-1's bookkeeping to the end of its own; its phases
+  (generate, reward, logprobs, update, eval, checkpoint) lie inside that span and `other` is
+  the remainder.
+  """
+  step: int
+  metrics: dict[str, jax.Array]
+  host: dict[str, Any]  # metrics known on the host already
+  t_start: float
+  t_update: float  # when the update was dispatched
+  phases: dict[str, float]
+
+
+def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = None) -> dict:
+  validate(cfg)
+  env = experiment.setup(cfg)
+  mesh, rules, task = env.mesh, env.rules, env.task
+  r, ro = cfg.rl, cfg.rollout
+  base = base_policy(cfg, config_file)
+  experiment.prepare_workdir(workdir, cfg)
+  policy, model_cfg = hf.load_policy(base, mesh, rules, dtype=cfg.model.dtype,
+                                     param_dtype=cfg.model.param_dtype)
+  graphdef, params = nnx.split(policy)
+  steps = cfg.train.num_steps
+  opt_steps = steps * r.num_minibatches * r.num_epochs
+  optimizer = optim.make(cfg.optim, opt_steps)
+  state = TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32))
+  ref_params = jax.tree.map(jnp.copy, params) if r.kl_coef else None
+
+  B = r.num_prompts * r.group_size
+  tok = task.tokenizer
+  sampler = Sampler(graphdef, SamplingParams(
+      max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_k=ro.top_k,
+      top_p=ro.top_p, eos_ids=tok.eos_ids, pad_id=tok.pad_id, decode_chunk=ro.decode_chunk),
+      mesh, rules)
+  update = make_update(graphdef, optimizer, grpo.make_loss(r), num_minibatches=r.num_minibatches,
+                       num_epochs=r.num_epochs, microbatch=r.microbatch,
+                       aggregation=r.loss_aggregation, max_len=ro.max_new_tokens, mesh=mesh,
+                       rules=rules)
+  evaluator = Evaluator(task, graphdef, mesh, rules, max_new_tokens=ro.max_new_tokens,
+                        generation_batch=cfg.eval.generation_batch, decode_chunk=ro.decode_chunk,
+                        sampled=cfg.eval.sampled)
+
+  @jax.jit
+  def logprobs(params, tokens, mask):
+    with sharding.activation_sharding(mesh, rules):
+      return nnx.merge(graphdef, params).token_logprobs(tokens, mask, task.max_prompt_len)
+
+  key = jax.random.key(cfg.seed)
+  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), cfg.train.keep_checkpoints,
+                      cfg.train.async_checkpoint)
+  counters = {"step": 0, "responses_seen": 0, "tokens_seen": 0, "data_position": 0,
+              "wall_time": 0.0}
+  start = ckpt.latest_step() or 0
+  state = update.place(state)
+  if start:
+    state, counters = ckpt.restore(start, state)
+    logging.info("resumed from the checkpoint of step %d in %s", start, workdir)
+  writer = MetricsWriter(workdir, resume_step=start, tensorboard=cfg.train.tensorboard)
+  progress = Progress(steps, cfg.train.log_every, start)
+  rows = distributed.process_rows(r.num_prompts)
+  last_eval: dict[str, float] = {}
+  t_run = time.time() - counters["wall_time"]
+
+  def due(every: int, step: int) -> bool:
+    return step == steps or bool(every and step % every == 0)
+
+  def finalize(p: Pending) -> None:
+    nonlocal last_eval, t_prev_end
+    metrics = jax.device_get(p.metrics)
+    now = time.time()
+    p.phases["update"] = now - p.t_update
+    bad = [k for k, v in metrics.items() if not np.isfinite(v)]
+    if bad:
+      raise NonFiniteError(
+          f"step {p.step}: non-finite {', '.join(f'{k}={metrics[k]}' for k in bad)}; stopping. "
+          f"The last checkpoint (step {ckpt.latest_step()}) in {workdir} is intact.")
+    counters.update(step=p.step, wall_time=now - t_run)
+    out = {f"actor/{k}": v for k, v in metrics.items()}
+    out.update(p.host)
+    if due(cfg.train.eval_every, p.step):
+      t = time.time()
+      last_eval = evaluator(state.params, jax.random.fold_in(key, 2 * 10**6 + p.step))
+      p.phases["eval"] = time.time() - t
+      out.update(last_eval)
+    if due(cfg.train.checkpoint_every, p.step):
+      t = time.time()
+      ckpt.save(p.step, state, dict(counters))
+      p.phases["checkpoint"] = time.time() - t
+    t_prev_end = time.time()
+    wall = t_prev_end - p.t_start
+    out.update({f"time/{k}": v for k, v in p.phases.items()})
+    out["time/other"] = wall - sum(p.phases.values())
+    out["time/step"] = wall
+    out["throughput/gen_tokens_per_s"] = p.host["response_tokens"] / p.phases["generate"]
+    out["throughput/train_tokens_per_s"] = (p.host["train_tokens"] * r.num_epochs /
+                                            p.phases["update"])
+    out["throughput/responses_per_s"] = B / wall
+    out.update(responses_seen=counters["responses_seen"], tokens_seen=counters["tokens_seen"],
+               wall_time=counters["wall_time"])
+    lr = optim.hyperparams(state.opt_state).get("learning_rate")
+    if lr is not None:
+      out["actor/lr"] = float(lr)
+    writer.write(p.step, out)
+    progress.update(p.step, {"responses": counters["responses_seen"],
+                             "reward": float(p.host["reward/mean"]),
+                             "eval acc": last_eval.get("eval/accuracy_greedy")})
+
+  if start == 0:  # the base policy's held-out accuracy: the point every curve starts from
+    t = time.time()
+    last_eval = evaluator(state.params, jax.random.fold_in(key, 2 * 10**6))
+    writer.write(0, {**last_eval, "responses_seen": 0, "tokens_seen": 0, "wall_time": 0.0,
+                     "time/eval": time.time() - t})
+    logging.info("base policy: %s", {k: round(float(v), 4) for k, v in last_eval.items()})
+    t_run = time.time()
+  try:
+    pending: Pending | None = None
+    t_prev_end = time.time()
+    for step in range(start + 1, steps + 1):
+      phases: dict[str, float] = {}
+      # This process's prompts: problems [pos + rows.start, pos + rows.stop), G copies each.
+      pos = counters["data_position"]
+      problems = task.problems(pos + rows.start, rows.stop - rows.start)
+      ptoks, pmask = rollout.prompts(task, problems, r.group_size)
+      step_key = jax.random.fold_in(key, step)
+      t_dispatch = time.time()
+      out = generate(sampler, state.params, ptoks, pmask, jax.random.fold_in(step_key, 0),
+                     ro.generation_batch)
+      if pending is not None:  # step N's metrics, fetched while step N+1 decodes
+        finalize(pending)
+        pending = None
+      t_start = t_prev_end
+      toks, rmask = rollout.host_rollout(out)
+      phases["generate"] = time.time() - max(t_dispatch, t_start)
+      t = time.time()
+      repeated = [p for p in problems for _ in range(r.group_size)]
+      rewards, correct, finished = rollout.score(task, repeated, toks, rmask, tok.eos_ids)
+      adv = np.asarray(ADVANTAGES.get(r.advantage)(
+          jnp.asarray(rewards.reshape(-1, r.group_size)))).reshape(-1).astype(np.float32)
+      phases["reward"] = time.time() - t
+      t = time.time()
+      batch = rollout.sequence_batch(ptoks, pmask, out, {"advantages": adv}, mesh, rules)
+      old = out.logprobs
+      if r.old_logprobs == "recompute":
+        old = logprobs(state.params, batch.tokens, batch.mask)
+      batch.extras["old_logp"] = old
+      if ref_params is not None:
+        batch.extras["ref_logp"] = logprobs(ref_params, batch.tokens, batch.mask)
+      if r.old_logprobs == "recompute" or ref_params is not None:
+        jax.block_until_ready(batch.extras)
+        phases["logprobs"] = time.time() - t
+      resp_tokens = int(rmask.sum())
+      resp_lengths = rmask.sum(axis=1)
+      counters["responses_seen"] += B
+      counters["tokens_seen"] += int(_global_sum(resp_tokens))
+      counters["data_position"] = pos + r.num_prompts
+      group_rewards = rewards.reshape(-1, r.group_size)
+      host = {
+          "reward/mean": float(_global_mean(rewards)), "reward/std": float(np.std(rewards)),
+          "reward/accuracy": float(_global_mean(correct)),
+          "reward/finished": float(_global_mean(finished)),
+          "reward/solved_groups": float(np.mean(group_rewards.min(axis=1) > 0)),
+          "reward/unsolved_groups": float(np.mean(group_rewards.max(axis=1) == 0)),
+          "response/length_mean": float(_global_mean(resp_lengths)),
+          "response/length_max": int(resp_lengths.max()),
+          "response_tokens": int(_global_sum(resp_tokens)),
+          "train_tokens": int(_global_sum(resp_tokens + pmask.sum())),
+      }
+      t_update = time.time()
+      state, metrics = update(state, batch, jax.random.fold_in(step_key, 1))
+      pending = Pending(step, metrics, host, t_start, t_update, phases)
+      if due(cfg.train.eval_every, step) or due(cfg.train.checkpoint_every, step):
+        finalize(pending)  # evaluation and checkpoints need this step's parameters now
+        pending = None
+    if pending is not None:
+      finalize(pending)
+  finally:
+    # An interrupted run (an exception, Ctrl-C, SIGTERM) still completes the saves it began.
+    ckpt.close()
+    writer.close()
+  final = nnx.merge(graphdef, state.params)
+  hf.save_policy(final, os.path.join(workdir, "policy"))
+  summary = {"kind": cfg.kind, "steps": steps, **counters, **last_eval,
+             "compilations": {"update": update.traces, "sampler": sampler.traces}}
+  write_json(os.path.join(workdir, "summary.json"), summary)
+  logging.info("done: %s", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items()})
+  return summary
+
+
+def _global_sum(x) -> float:
+  x = float(np.sum(x))
+  if jax.process_count() == 1:
+    return x
+  from jax.experimental import multihost_utils
+  return float(np.sum(multihost_utils.process_allgather(np.array([x]))))
+
+
+def _global_mean(x) -> float:
+  x = np.asarray(x, np.float64)
+  return _global_sum(x) / (x.size * jax.process_count())

@@ -1,0 +1,57 @@
+"""From problems to a training batch: prompts, sampling, scoring, the sequence batch."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from rlscale import distributed, sharding
+from rlscale.rl.update import SequenceBatch
+from rlscale.sampling import Rollout
+from rlscale.tasks.base import Problem, Task, left_pad
+
+
+def prompts(task: Task, problems: Sequence[Problem], group_size: int = 1):
+  """Left-padded prompt tokens and mask, each problem repeated `group_size` times in a row."""
+  rows = [task.prompt_ids(p) for p in problems for _ in range(group_size)]
+  return left_pad(rows, task.max_prompt_len, task.tokenizer.pad_id)
+
+
+def score(task: Task, problems: Sequence[Problem], tokens: np.ndarray, mask: np.ndarray,
+          eos_ids: Sequence[int]):
+  """rewards [B] float32, correct [B] bool, finished [B] bool for host-side responses.
+
+  `problems[i]` is row i's problem. A response is finished when its last token is an EOS.
+  """
+  lengths = mask.sum(axis=1)
+  rewards = np.zeros(len(problems), np.float32)
+  correct = np.zeros(len(problems), bool)
+  finished = np.zeros(len(problems), bool)
+  for i, p in enumerate(problems):
+    n = int(lengths[i])
+    ids = tokens[i, :n]
+    finished[i] = n > 0 and int(ids[-1]) in eos_ids
+    s = task.score(ids[:-1] if finished[i] else ids, bool(finished[i]), p)
+    rewards[i], correct[i] = s.reward, s.correct
+  return rewards, correct, finished
+
+
+def host_rollout(out: Rollout) -> tuple[np.ndarray, np.ndarray]:
+  """This process's rows of the sampled tokens and their mask."""
+  return distributed.host_local(out.tokens), distributed.host_local(out.mask)
+
+
+def sequence_batch(prompt_tokens, prompt_mask, out: Rollout, extras: dict[str, jax.Array],
+                   mesh: Mesh, rules) -> SequenceBatch:
+  """Prompt and response side by side, on the mesh; extras are [B] or [B, N] arrays."""
+  pt = sharding.put_batch(prompt_tokens, mesh, rules)
+  pm = sharding.put_batch(prompt_mask, mesh, rules)
+  tokens = jnp.concatenate([pt, out.tokens], axis=1)
+  mask = jnp.concatenate([pm, out.mask], axis=1)
+  extras = {k: sharding.put_batch(v, mesh, rules) if isinstance(v, np.ndarray) else v
+            for k, v in extras.items()}
+  return SequenceBatch(tokens, mask, out.mask, extras)

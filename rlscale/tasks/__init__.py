@@ -1,0 +1,30 @@
+"""Tasks: problems, prompts and verifiers. `make(config.task)` builds one by name."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from rlscale.tasks.base import Problem, Score, Task, Tokenizer
+
+NAMES = ("arithmetic", "tfds_math", "reasoning_gym")
+
+
+def make(cfg: Mapping[str, Any], tokenizer: Tokenizer | None = None) -> Task:
+  """The task named by `cfg.name`; tasks on text take the checkpoint's tokenizer."""
+  name = cfg["name"]
+  if name == "arithmetic":
+    from rlscale.tasks.arithmetic import Arithmetic
+    return Arithmetic(digits=cfg["digits"], ops=cfg["ops"], mul_digits=cfg["mul_digits"],
+                      num_eval=cfg["num_eval"], seed=cfg["seed"])
+  if name in ("tfds_math", "reasoning_gym"):
+    if tokenizer is None:
+      raise ValueError(f"task.name={name!r} needs a tokenizer: set model.hf_checkpoint")
+    if name == "tfds_math":
+      from rlscale.tasks.tfds_math import TfdsMath
+      return TfdsMath(cfg, tokenizer)
+    from rlscale.tasks.reasoning_gym import ReasoningGym
+    return ReasoningGym(cfg, tokenizer)
+  raise ValueError(f"task.name={name!r}; known: {NAMES}")
+
+
+__all__ = ["NAMES", "Problem", "Score", "Task", "Tokenizer", "make"]

@@ -1,0 +1,105 @@
+"""What a task gives the trainer: problems, prompts, demonstrations and a verifier."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+
+class Tokenizer(Protocol):
+  eos_ids: tuple[int, ...]
+  pad_id: int
+
+  @property
+  def vocab_size(self) -> int: ...
+
+  def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
+
+  def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  question: str  # the problem as text, before any prompt template
+  answer: str  # the reference answer the verifier compares with
+  meta: Any = None  # task-specific data a verifier may need
+
+
+@dataclasses.dataclass(frozen=True)
+class Score:
+  reward: float  # in [0, 1]
+  correct: bool
+
+
+class Task(abc.ABC):
+  """A stream of training problems, a fixed held-out set, prompts and a verifier.
+
+  Problem i of the training stream depends only on the task's seed and i, so the data position
+  is one integer (checkpointed with the run) and every process can load just its own rows.
+  """
+
+  tokenizer: Tokenizer
+  max_prompt_len: int  # prompts are left-padded to this many tokens
+  max_answer_len: int  # tokens a correct response needs, EOS included
+
+  @abc.abstractmethod
+  def problem(self, index: int) -> Problem:
+    """Problem `index` of the training stream."""
+
+  @abc.abstractmethod
+  def eval_problems(self) -> list[Problem]:
+    """The held-out set, fixed for the task's configuration."""
+
+  @abc.abstractmethod
+  def prompt_ids(self, problem: Problem) -> list[int]:
+    """The prompt's token ids (template and special tokens included)."""
+
+  @abc.abstractmethod
+  def demonstration(self, problem: Problem) -> str:
+    """A correct response, for supervised training of the base policy."""
+
+  @abc.abstractmethod
+  def verify(self, response: str, problem: Problem) -> Score:
+    """Score a decoded response; malformed text scores 0 and never raises."""
+
+  def problems(self, start: int, n: int) -> list[Problem]:
+    return [self.problem(i) for i in range(start, start + n)]
+
+  def score(self, response_ids: Sequence[int], finished: bool, problem: Problem) -> Score:
+    """A response that ran out of tokens before EOS scores 0."""
+    if not finished:
+      return Score(0.0, False)
+    try:
+      text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
+      s = self.verify(text, problem)
+    except Exception:  # a verifier bug or pathological text must not end a run
+      return Score(0.0, False)
+    reward = float(s.reward) if np.isfinite(s.reward) else 0.0
+    return Score(min(max(reward, 0.0), 1.0), bool(s.correct))
+
+
+def left_pad(rows: Sequence[Sequence[int]], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+  """[n, length] int32 tokens and bool mask, each row right-aligned."""
+  tokens = np.full((len(rows), length), pad_id, np.int32)
+  mask = np.zeros((len(rows), length), bool)
+  for i, r in enumerate(rows):
+    if len(r) > length:
+      raise ValueError(f"a prompt of {len(r)} tokens exceeds max_prompt_len={length}")
+    if r:
+      tokens[i, length - len(r):] = r
+      mask[i, length - len(r):] = True
+  return tokens, mask
+
+
+def right_pad(rows: Sequence[Sequence[int]], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+  """[n, length] int32 tokens and bool mask, each row left-aligned (longer rows are cut)."""
+  tokens = np.full((len(rows), length), pad_id, np.int32)
+  mask = np.zeros((len(rows), length), bool)
+  for i, r in enumerate(rows):
+    r = list(r)[:length]
+    tokens[i, :len(r)] = r
+    mask[i, :len(r)] = True
+  return tokens, mask

@@ -1,0 +1,28 @@
+"""Run an experiment config: SFT of a base policy, or RL (GRPO) from a base policy."""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+from absl import logging
+
+from rlscale import experiment
+
+
+def default_workdir(cfg: ml_collections.ConfigDict, config_file: str | None) -> str:
+  name = os.path.splitext(os.path.basename(config_file or cfg.kind))[0]
+  return os.path.join("runs", f"{name}-{experiment.config_hash(cfg)}")
+
+
+def main(cfg: ml_collections.ConfigDict, workdir: str | None = None,
+         config_file: str | None = None) -> dict:
+  workdir = workdir or default_workdir(cfg, config_file)
+  logging.info("workdir %s", os.path.abspath(workdir))
+  if cfg.kind == "sft":
+    from rlscale import sft
+    return sft.run(cfg, workdir)
+  if cfg.kind == "grpo":
+    from rlscale import rl_loop
+    return rl_loop.run(cfg, workdir, config_file)
+  raise ValueError(f"kind={cfg.kind!r}; known: sft, grpo")

@@ -1,0 +1,122 @@
+"""Tasks and verifiers: determinism, held-out disjointness, adversarial model output."""
+
+import numpy as np
+import pytest
+
+from rlscale import rollout, tasks
+from rlscale.config_common import task as task_config
+from rlscale.tasks.arithmetic import Arithmetic
+from rlscale.tasks.base import Problem, left_pad, right_pad
+from rlscale.tasks.char_tokenizer import CharTokenizer
+from rlscale.tasks.verifiers import exact_integer, final_answer, parse_number, same_answer
+
+ADVERSARIAL = [
+    "", " ", "\n", "-", "+", "=", "12+3", "1 2", "0x1f", "1e3", "nan", "inf", "-inf", "9" * 5000,
+    "__import__('os').system('echo pwned')", "eval('1+1')", "exec('x=1')", "lambda: 1",
+    "\u0663", "\uff11\uff12", "\x00\x01", "?" * 100, "1/0", "(1)", "3.0", "--5", "+-5", "5 5",
+    "\\boxed{", "\\boxed{\\boxed{1}}", "{" * 1000, "1" + "0" * 400,
+]
+
+
+def test_problem_stream_is_deterministic_and_disjoint_from_the_held_out_set():
+  a, b = Arithmetic(seed=3), Arithmetic(seed=3)
+  assert a.problems(100, 20) == b.problems(100, 20)
+  assert a.problems(0, 5) != Arithmetic(seed=4).problems(0, 5)
+  held_out = {p.question for p in a.eval_problems()}
+  assert len(held_out) == 500
+  assert not held_out & {p.question for p in a.problems(0, 5000)}
+  for p in a.problems(0, 200):
+    x, y = (int(v) for v in p.question[:-1].replace("*", "+").replace("-", "+").split("+"))
+    op = next(c for c in "+-*" if c in p.question)
+    assert int(p.answer) == (x + y if op == "+" else x - y if op == "-" else x * y)
+    assert len(a.prompt_ids(p)) <= a.max_prompt_len
+    assert len(a.tokenizer.encode(p.answer)) + 1 <= a.max_answer_len
+
+
+@pytest.mark.parametrize("text", ADVERSARIAL)
+def test_adversarial_responses_score_zero_without_raising(text):
+  task = Arithmetic()
+  problem = Problem("2+3=", "5")
+  ids = [i for i in task.tokenizer.encode("".join(c for c in text if c in "0123456789+-*="))]
+  assert task.score(ids, True, problem).reward in (0.0, 1.0)
+  s = task.verify(text, problem)
+  assert s.reward == 0.0 and not s.correct
+  assert isinstance(same_answer(final_answer(text), "5"), bool)  # free-form parsing never raises
+
+
+def test_unfinished_and_out_of_vocabulary_outputs():
+  task = Arithmetic()
+  problem = Problem("2+3=", "5")
+  five = task.tokenizer.encode("5")
+  assert task.score(five, True, problem).correct
+  assert not task.score(five, False, problem).correct  # no EOS before the budget ran out
+  assert task.score([250, 251], True, problem).reward == 0.0  # ids beyond the tokenizer
+  assert task.tokenizer.decode([250, 7]) == "?4"
+
+
+def test_score_never_raises_even_if_the_verifier_does():
+  class Broken(Arithmetic):
+    def verify(self, response, problem):
+      raise RecursionError("pathological")
+  assert Broken().score([5], True, Problem("1+1=", "2")).reward == 0.0
+
+
+def test_number_parsing_and_comparison():
+  assert exact_integer(" 42 ", "42") and exact_integer("-7", "-7") and not exact_integer("42.0", "42")
+  assert parse_number("3/4") == parse_number("0.75") and parse_number("1/0") is None
+  assert parse_number("1,000") == 1000 and parse_number("12abc") is None
+  assert final_answer("so the answer is \\boxed{17}. Or 18?") == "17"
+  assert final_answer("first 3, then 4, finally 12.") == "12."
+  assert same_answer("12.", "12") and same_answer("0.5", "1/2") and same_answer(" Paris.", "paris")
+  assert final_answer("x" * 20_000) is None
+
+
+def test_char_tokenizer_round_trip_and_errors():
+  tok = CharTokenizer("0123456789+-*=")
+  ids = tok.encode("12+3=", add_special_tokens=True)
+  assert ids[0] == tok.bos_id and tok.decode(ids) == "12+3="
+  assert tok.decode(ids + [tok.eos_id], skip_special_tokens=False) == "<bos>12+3=<eos>"
+  with pytest.raises(ValueError, match="'x' is not in the alphabet"):
+    tok.encode("1x")
+
+
+def test_padding_helpers_and_group_prompts():
+  t, m = left_pad([[5, 6], [7]], 3, 0)
+  np.testing.assert_array_equal(t, [[0, 5, 6], [0, 0, 7]])
+  np.testing.assert_array_equal(m, [[False, True, True], [False, False, True]])
+  t, m = right_pad([[5, 6, 7, 8], [7]], 3, 0)
+  np.testing.assert_array_equal(t, [[5, 6, 7], [7, 0, 0]])
+  with pytest.raises(ValueError, match="max_prompt_len=1"):
+    left_pad([[1, 2]], 1, 0)
+  task = Arithmetic(digits=2)
+  probs = task.problems(0, 2)
+  t, m = rollout.prompts(task, probs, group_size=3)
+  assert t.shape == (6, task.max_prompt_len) and (t[0] == t[2]).all() and not (t[2] == t[3]).all()
+
+
+def test_score_batch_marks_finished_rows():
+  task = Arithmetic()
+  probs = [Problem("2+3=", "5"), Problem("2+2=", "4"), Problem("1+1=", "2")]
+  eos = task.tokenizer.eos_id
+  five, four = task.tokenizer.encode("5"), task.tokenizer.encode("4")
+  tokens = np.array([five + [eos, 0], four + four + [0], five + [eos, 0]])
+  mask = np.array([[1, 1, 0], [1, 1, 0], [1, 1, 0]], bool)
+  rewards, correct, finished = rollout.score(task, probs, tokens, mask, (eos,))
+  np.testing.assert_array_equal(finished, [True, False, True])
+  np.testing.assert_array_equal(correct, [True, False, False])
+  np.testing.assert_array_equal(rewards, [1.0, 0.0, 0.0])
+
+
+def test_task_factory_errors():
+  cfg = task_config("arithmetic")
+  assert isinstance(tasks.make(cfg), Arithmetic)
+  cfg.name = "gsm9k"
+  with pytest.raises(ValueError, match="gsm9k"):
+    tasks.make(cfg)
+  cfg.name = "tfds_math"
+  with pytest.raises(ValueError, match="needs a tokenizer"):
+    tasks.make(cfg)
+  with pytest.raises(ValueError, match="digits=0"):
+    Arithmetic(digits=0)
+  with pytest.raises(ValueError, match="ops"):
+    Arithmetic(ops="/")

@@ -1,0 +1,132 @@
+"""The main job on the tiny configs: run directory, no recompilation, resume, NaN stop."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from rlscale import rl_loop, train
+from rlscale.checkpointing import Checkpointer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+TIMING = ("time/", "throughput/", "wall_time")  # the only metrics allowed to differ on resume
+
+
+def _config(tmp_path, name="grpo.py", arg="tiny", **overrides):
+  cfg = rl_loop.load_config_file(os.path.join(REPO, "configs", f"{name}:{arg}"))
+  with cfg.unlocked():
+    if "init" in cfg:
+      cfg.init.cache_dir = str(tmp_path / "base")
+      cfg.init.sft_config = os.path.join(REPO, "configs", "sft.py:tiny")
+    for k, v in overrides.items():
+      section, field = k.split(".")
+      cfg[section][field] = v
+  return cfg
+
+
+def _rows(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+@pytest.mark.slow
+def test_grpo_tiny_end_to_end(tmp_path):
+  cfg = _config(tmp_path)
+  summary = train.main(cfg, str(tmp_path / "run"))
+  run = tmp_path / "run"
+  for name in ("config.json", "metrics.jsonl", "summary.json", "policy/config.json",
+               "policy/model.safetensors"):
+    assert (run / name).exists(), name
+  assert any(n.startswith("events.out.tfevents") for n in os.listdir(run / "tensorboard"))
+  assert (tmp_path / "base").exists()  # the SFT base was built and cached
+  rows = _rows(run)
+  assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+  assert "eval/accuracy_greedy" in rows[0] and rows[0]["responses_seen"] == 0
+  p, g = cfg.rl.num_prompts, cfg.rl.group_size
+  for r in rows[1:]:
+    assert r["responses_seen"] == r["step"] * p * g
+    for key in ("reward/mean", "reward/std", "reward/accuracy", "response/length_mean",
+                "actor/entropy", "actor/clip_frac", "actor/grad_norm", "actor/lr", "tokens_seen",
+                "time/generate", "time/reward", "time/update", "time/other", "wall_time",
+                "throughput/gen_tokens_per_s", "throughput/train_tokens_per_s"):
+      assert key in r and np.isfinite(r[key]), key
+    phases = sum(v for k, v in r.items() if k.startswith("time/") and k != "time/step")
+    assert abs(phases - r["time/step"]) < 1e-6  # the phases add up to the step
+  for step in (2, 4):
+    assert "eval/accuracy_sampled" in rows[step]
+  assert summary["compilations"] == {"update": 1, "sampler": 1}
+  assert summary["responses_seen"] == 4 * p * g
+  with open(run / "summary.json") as f:
+    assert json.load(f)["step"] == 4
+  # The cached base is reused: a second run builds nothing.
+  train.main(_config(tmp_path), str(tmp_path / "run2"))
+  assert len(os.listdir(tmp_path / "base")) == 1
+
+
+@pytest.mark.slow
+def test_resume_after_a_kill_matches_an_uninterrupted_run(tmp_path, monkeypatch):
+  cfg = _config(tmp_path)
+  train.main(cfg, str(tmp_path / "straight"))
+
+  real_make_update = rl_loop.make_update
+
+  def dies_in_step_3(*args, **kw):  # after the checkpoint of step 2, before step 3's update
+    update = real_make_update(*args, **kw)
+    calls = {"n": 0}
+    def update_or_die(*a):
+      calls["n"] += 1
+      if calls["n"] == 3:
+        raise KeyboardInterrupt("killed")
+      return update(*a)
+    update_or_die.place = update.place
+    return update_or_die
+
+  monkeypatch.setattr(rl_loop, "make_update", dies_in_step_3)
+  with pytest.raises(KeyboardInterrupt):
+    train.main(_config(tmp_path), str(tmp_path / "resumed"))
+  monkeypatch.setattr(rl_loop, "make_update", real_make_update)
+  assert Checkpointer(str(tmp_path / "resumed" / "checkpoints")).latest_step() == 2
+  train.main(_config(tmp_path), str(tmp_path / "resumed"))  # the same command again
+
+  straight, resumed = _rows(tmp_path / "straight"), _rows(tmp_path / "resumed")
+  assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4]  # step 3's partial work was dropped
+  for a, b in zip(straight[3:], resumed[3:]):
+    keys = {k for k in a if not k.startswith(TIMING)}
+    assert keys == {k for k in b if not k.startswith(TIMING)}
+    for k in sorted(keys):
+      assert a[k] == b[k], (a["step"], k, a[k], b[k])  # CPU runs are deterministic: exact
+
+
+@pytest.mark.slow
+def test_nan_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+  real = rl_loop.grpo.make_loss
+
+  def poisoned(rl):
+    loss = real(rl)
+    def nan_loss(inputs):
+      total, metrics = loss(inputs)
+      bad = inputs.extras["advantages"][:, None] * 0 + float("nan")
+      return total + bad, metrics
+    return nan_loss
+
+  cfg = _config(tmp_path)
+  train.main(cfg, str(tmp_path / "run"))  # a healthy run: checkpoints at 2 and 4
+  monkeypatch.setattr(rl_loop.grpo, "make_loss", poisoned)
+  cfg = _config(tmp_path, **{"train.num_steps": 6})
+  with pytest.raises(rl_loop.NonFiniteError, match=r"step 5: non-finite .*loss.*step 4\) .* intact"):
+    train.main(cfg, str(tmp_path / "run"))
+  ckpt = Checkpointer(str(tmp_path / "run" / "checkpoints"))
+  assert ckpt.latest_step() == 4
+  assert [r["step"] for r in _rows(tmp_path / "run")] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_sft_tiny_writes_a_loadable_policy(tmp_path, mesh1, rules):
+  from rlscale.checkpoints import hf
+  cfg = _config(tmp_path, name="sft.py")
+  summary = train.main(cfg, str(tmp_path / "sft"))
+  assert "eval/accuracy_greedy" in summary
+  model, mcfg = hf.load_policy(str(tmp_path / "sft" / "policy"), mesh1, rules)
+  assert mcfg.d_model == cfg.model.d_model
