@@ -17,29 +17,32 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.kind = "grpo"  # which trainer runs this config
   c.seed = 0  # every random draw of the run derives from it
-  c.model = common.model("tiny", vocab_size=32)  # used when building the base policy
+  # The base policy's shape (see configs/sft.py); a loaded checkpoint brings its own.
+  c.model = common.model("tiny", vocab_size=32, d_model=128, head_dim=32, mlp_dim=384)
   c.mesh = common.mesh()
   c.task = common.task("arithmetic")
+  c.task.digits = 2  # operands below 100
+  c.task.restate = 0.5  # the base's demonstrations: half restate the equation (a rejected style)
 
   c.init = ml_collections.ConfigDict()
-  c.init.hf_checkpoint = ""  # start from this Hugging Face folder instead of the SFT base
+  c.init.hf_checkpoint = ""  # start from this folder (else model.hf_checkpoint, else the SFT base)
   c.init.sft_config = "configs/sft.py"  # the base policy's recipe (its model/task/mesh are ours)
   c.init.cache_dir = "runs/base"  # base policies are cached here by the SFT config's hash
 
   c.rollout = ml_collections.ConfigDict()
-  c.rollout.max_new_tokens = 8  # response budget in tokens (EOS included)
+  c.rollout.max_new_tokens = 6  # response budget in tokens (EOS included); answers need <= 4
   c.rollout.temperature = 1.0  # sampling temperature of the training responses
   c.rollout.top_k = 0  # 0 keeps every token
   c.rollout.top_p = 1.0  # 1 keeps every token
-  c.rollout.generation_batch = 512  # responses per compiled decode call
+  c.rollout.generation_batch = 1024  # responses per compiled decode call
   c.rollout.decode_chunk = 64  # KV-cache slots per chunk of generated tokens
 
   c.rl = ml_collections.ConfigDict()
-  c.rl.num_prompts = 32  # P: prompts per RL step
+  c.rl.num_prompts = 64  # P: prompts per RL step
   c.rl.group_size = 8  # G: responses per prompt
   c.rl.num_minibatches = 1  # optimizer steps per epoch; a mini-batch is P*G/num_minibatches
   c.rl.num_epochs = 1  # passes over each step's responses
-  c.rl.microbatch = 256  # responses per forward/backward pass (never changes the gradient)
+  c.rl.microbatch = 512  # responses per forward/backward pass (never changes the gradient)
   c.rl.advantage = "grpo"  # grpo (std-normalized) | dr_grpo (mean only) | rloo
   c.rl.clip_eps_low = 0.2  # ratio clip 1 - eps_low
   c.rl.clip_eps_high = 0.28  # ratio clip 1 + eps_high (DAPO's clip-higher)
@@ -49,10 +52,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rl.loss_aggregation = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
   c.rl.old_logprobs = "sampler"  # sampler: log-probs recorded while sampling; recompute: a forward
 
-  c.optim = common.optim(lr=2e-4)
-  c.optim.weight_decay = 0.0
+  c.optim = common.optim(lr=1e-4)
+  c.optim.b2 = 0.99  # RL gradients are noisy and non-stationary: a shorter second-moment memory
 
-  c.train = common.run(num_steps=150)
+  c.train = common.run(num_steps=200)
   c.eval = ml_collections.ConfigDict()
   c.eval.sampled = True  # also score one temperature-1 response per held-out problem
   c.eval.generation_batch = 512  # held-out rows per compiled decode call

@@ -46,6 +46,8 @@ def task(name: str = "arithmetic") -> ml_collections.ConfigDict:
   c.digits = 3
   c.ops = "+-*"
   c.mul_digits = 1
+  c.partial_credit = False  # reward up to 0.5 for an integer with some place values right
+  c.restate = 0.0  # share of demonstrations that restate the equation (a style the verifier rejects)
   # tfds_math: a prepared TFDS math_dataset config read with tfds.data_source (no download)
   c.tfds_name = "math_dataset/arithmetic__add_or_sub"
   c.data_dir = ""  # the user's TFDS data_dir

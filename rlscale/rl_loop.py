@@ -51,13 +51,16 @@ def load_config_file(spec: str, relative_to: str | None = None) -> ml_collection
 
 
 def base_policy(cfg: ml_collections.ConfigDict, config_file: str | None) -> str:
-  """A Hugging Face folder with the base policy: the configured one, or the cached SFT base.
+  """A Hugging Face folder with the base policy: init.hf_checkpoint, else model.hf_checkpoint,
+  else the SFT base built from init.sft_config.
 
   The SFT recipe runs with this config's model, task, mesh and seed; its result is cached under
   init.cache_dir by the recipe's hash and reused by every later run.
   """
   if cfg.init.hf_checkpoint:
     return cfg.init.hf_checkpoint
+  if cfg.model.hf_checkpoint:  # a real checkpoint is its own base
+    return cfg.model.hf_checkpoint
   from rlscale import sft
   sft_cfg = load_config_file(cfg.init.sft_config, config_file)
   with sft_cfg.unlocked():
@@ -94,7 +97,6 @@ class Pending:
 
 
 def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = None) -> dict:
-  validate(cfg)
   env = experiment.setup(cfg)
   mesh, rules, task = env.mesh, env.rules, env.task
   r, ro = cfg.rl, cfg.rollout

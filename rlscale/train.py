@@ -8,6 +8,7 @@ import ml_collections
 from absl import logging
 
 from rlscale import experiment
+from rlscale.config_validation import validate
 
 
 def default_workdir(cfg: ml_collections.ConfigDict, config_file: str | None) -> str:
@@ -17,6 +18,7 @@ def default_workdir(cfg: ml_collections.ConfigDict, config_file: str | None) -> 
 
 def main(cfg: ml_collections.ConfigDict, workdir: str | None = None,
          config_file: str | None = None) -> dict:
+  validate(cfg)  # every field, before any compute
   workdir = workdir or default_workdir(cfg, config_file)
   logging.info("workdir %s", os.path.abspath(workdir))
   if cfg.kind == "sft":

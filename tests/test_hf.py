@@ -20,6 +20,7 @@ from rlscale.checkpoints.safetensors_io import CheckpointError, SafetensorsFolde
 from rlscale.checkpoints.tokenizer import HFTokenizer
 
 import hf_reference
+from tiny_tokenizer import make_tokenizer_folder
 
 PARITY_ATOL = 1e-4  # float32, max abs difference of logits at real (non-pad) positions
 
@@ -125,34 +126,6 @@ def test_export_from_a_sharded_model(tmp_path, rules, mesh1):
   mask = ref["attention_mask"]
   diff = np.abs(_logits(again, ref["input_ids"], mask) - ref["logits"])[mask]
   assert diff.max() < 0.05  # bf16-rounded weights
-
-
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
-def make_tokenizer_folder(folder):
-  """A small BPE tokenizer.json with Qwen-style special tokens, trained on the spot."""
-  import tokenizers
-  from tokenizers import models as tmodels, pre_tokenizers, trainers, decoders
-  tok = tokenizers.Tokenizer(tmodels.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tok.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>",
-                                                                 "<|im_end|>"],
-                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-  corpus = ["What is 12 + 30? The answer is 42.", "Compute 7 * 6 and explain.",
-            "The quick brown fox jumps over the lazy dog."] * 20
-  tok.train_from_iterator(corpus, trainer)
-  os.makedirs(folder, exist_ok=True)
-  tok.save(os.path.join(folder, "tokenizer.json"))
-  with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
-    json.dump({"chat_template": CHAT_TEMPLATE, "eos_token": "<|im_end|>",
-               "pad_token": "<|endoftext|>", "tokenizer_class": "PreTrainedTokenizerFast"}, f)
-  with open(os.path.join(folder, "generation_config.json"), "w") as f:
-    json.dump({"eos_token_id": [2, 0]}, f)
-  return folder
 
 
 def test_tokenizer_json_chat_template_and_special_ids(tmp_path):

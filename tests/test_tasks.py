@@ -120,3 +120,31 @@ def test_task_factory_errors():
     Arithmetic(digits=0)
   with pytest.raises(ValueError, match="ops"):
     Arithmetic(ops="/")
+
+
+def test_restated_demonstrations_are_rejected_by_the_verifier():
+  task = Arithmetic(digits=2, restate=0.5)
+  probs = task.problems(0, 400)
+  demos = [task.demonstration(p) for p in probs]
+  restated = [d != p.answer for d, p in zip(demos, probs)]
+  assert 0.4 < np.mean(restated) < 0.6
+  assert demos == [task.demonstration(p) for p in probs]  # the style is fixed per problem
+  for d, p, r in zip(demos, probs, restated):
+    assert task.verify(d, p).correct != r
+    assert len(task.tokenizer.encode(d)) + 1 <= task.max_answer_len
+  plain = Arithmetic(digits=2)
+  assert all(plain.demonstration(p) == p.answer for p in plain.problems(0, 50))
+  with pytest.raises(ValueError, match="restate"):
+    Arithmetic(restate=1.5)
+
+
+def test_partial_credit_by_place_value():
+  from rlscale.tasks.verifiers import digit_credit
+  assert digit_credit("46", "46") == 1.0
+  assert digit_credit("47", "46") == 0.25  # tens right: half the places, times 0.5
+  assert digit_credit("146", "46") == pytest.approx(0.5 * 2 / 3)  # an extra digit costs
+  assert digit_credit("-46", "46") == 0.0 and digit_credit("4x6", "46") == 0.0
+  task = Arithmetic(partial_credit=True)
+  s = task.verify("47", Problem("40+6=", "46"))
+  assert s.reward == 0.25 and not s.correct
+  assert Arithmetic().verify("47", Problem("40+6=", "46")).reward == 0.0

@@ -15,7 +15,8 @@ def make(cfg: Mapping[str, Any], tokenizer: Tokenizer | None = None) -> Task:
   if name == "arithmetic":
     from rlscale.tasks.arithmetic import Arithmetic
     return Arithmetic(digits=cfg["digits"], ops=cfg["ops"], mul_digits=cfg["mul_digits"],
-                      num_eval=cfg["num_eval"], seed=cfg["seed"])
+                      num_eval=cfg["num_eval"], seed=cfg["seed"],
+                      partial_credit=cfg["partial_credit"], restate=cfg["restate"])
   if name in ("tfds_math", "reasoning_gym"):
     if tokenizer is None:
       raise ValueError(f"task.name={name!r} needs a tokenizer: set model.hf_checkpoint")

@@ -19,6 +19,26 @@ def exact_integer(response: str, answer: str) -> bool:
   return int(text) == int(answer)
 
 
+def digit_credit(response: str, answer: str, weight: float = 0.5) -> float:
+  """Partial credit for a wrong integer: `weight` times the share of place values right.
+
+  Digits are compared by place value (ones with ones, tens with tens); the share is over the
+  longer of the two numbers, so extra or missing digits cost. Anything that is not a plain
+  integer, or has the wrong sign, gets 0; the exact answer gets 1.
+  """
+  text = response.strip()
+  if len(text) > 40 or not _INT.fullmatch(text):
+    return 0.0
+  if int(text) == int(answer):
+    return 1.0
+  a, b = text.lstrip("+"), answer.lstrip("+")
+  if a.startswith("-") != b.startswith("-"):
+    return 0.0
+  a, b = a.lstrip("-")[::-1], b.lstrip("-")[::-1]
+  same = sum(x == y for x, y in zip(a, b))
+  return weight * same / max(len(a), len(b))
+
+
 def parse_number(text: str) -> Fraction | None:
   """An integer, decimal or fraction written plainly ('12', '-0.5', '3/4'), else None."""
   text = text.strip().replace(",", "")

@@ -1,0 +1,85 @@
+"""Tasks on free text for real checkpoints: chat-templated prompts, boxed final answers."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping
+
+import numpy as np
+
+from rlscale.tasks.base import Problem, Score, Task, Tokenizer
+from rlscale.tasks.verifiers import final_answer, same_answer
+
+INSTRUCTION = "Put the final answer in \\boxed{}."
+
+
+class TextTask(Task):
+  """Questions and reference answers from a source; the checkpoint's tokenizer and template.
+
+  Subclasses give `_train_size`, `_train_item(i)`, `_eval_items()`. Prompts longer than
+  `max_prompt_len` tokens are skipped (deterministically), never truncated.
+  """
+
+  def __init__(self, cfg: Mapping[str, Any], tokenizer: Tokenizer):
+    self.tokenizer = tokenizer
+    self.seed = int(cfg["seed"])
+    self.num_eval = int(cfg["num_eval"])
+    self.max_prompt_len = int(cfg["max_prompt_len"])
+    self.max_answer_len = int(cfg["max_answer_len"])
+
+  # --- what a source provides ---
+  _train_size: int
+
+  def _train_item(self, i: int) -> Problem:
+    raise NotImplementedError
+
+  def _eval_items(self) -> list[Problem]:
+    raise NotImplementedError
+
+  # --- prompts and scoring ---
+  def prompt_text(self, problem: Problem) -> str:
+    content = f"{problem.question.strip()}\n{INSTRUCTION}"
+    if getattr(self.tokenizer, "chat_template", None):
+      return self.tokenizer.apply_chat_template([{"role": "user", "content": content}],
+                                                add_generation_prompt=True)
+    return f"Question: {content}\nAnswer:"
+
+  def prompt_ids(self, problem: Problem) -> list[int]:
+    ids = self.tokenizer.encode(self.prompt_text(problem), add_special_tokens=False)
+    bos = getattr(self.tokenizer, "bos_token", None)
+    if bos and not getattr(self.tokenizer, "chat_template", None):
+      bos_id = self.tokenizer.encode(bos, add_special_tokens=False)
+      ids = bos_id + ids if len(bos_id) == 1 else ids
+    return ids
+
+  def demonstration(self, problem: Problem) -> str:
+    return f"\\boxed{{{problem.answer}}}"
+
+  def verify(self, response: str, problem: Problem) -> Score:
+    ok = same_answer(final_answer(response), problem.answer)
+    return Score(float(ok), ok)
+
+  def _fits(self, p: Problem) -> bool:
+    return len(self.prompt_ids(p)) <= self.max_prompt_len
+
+  # --- the stream ---
+  @functools.lru_cache(maxsize=4)
+  def _order(self, epoch: int) -> np.ndarray:
+    return np.random.default_rng([self.seed, epoch]).permutation(self._train_size)
+
+  def problem(self, index: int) -> Problem:
+    """Item `index` of a seeded shuffle, epoch after epoch; an overlong prompt is replaced by
+    the next item of a fixed probe sequence."""
+    for attempt in range(100):
+      j = index + attempt * 7919
+      p = self._train_item(int(self._order(j // self._train_size)[j % self._train_size]))
+      if self._fits(p):
+        return p
+    raise ValueError(f"task: 100 prompts in a row exceed max_prompt_len={self.max_prompt_len}")
+
+  @functools.cached_property
+  def _eval(self) -> list[Problem]:
+    return [p for p in self._eval_items() if self._fits(p)][:self.num_eval]
+
+  def eval_problems(self) -> list[Problem]:
+    return list(self._eval)
