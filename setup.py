@@ -21,9 +21,14 @@ setup(
         "ml_dtypes>=0.5",  # bfloat16 in numpy, for safetensors checkpoints
         "tokenizers>=0.21",  # tokenizer.json of Hugging Face checkpoints
         "jinja2>=3.1",  # chat templates of Hugging Face checkpoints
+        "tensorboardX>=2.6",  # TensorBoard event files without TensorFlow
     ],
     extras_require={
-        "test": ["pytest>=8"],
+        "test": ["pytest>=8", "tensorflow-datasets>=4.9"],
+        # TFDS math_dataset through tfds.data_source (no TensorFlow needed).
+        "tfds": ["tensorflow-datasets>=4.9"],
+        # Procedural problems from reasoning-gym's generators.
+        "reasoning": ["reasoning-gym>=0.1.25"],
         # The reference implementation for the parity tests; the CPU wheel of torch.
         "hf": ["torch==2.13.0", "transformers>=4.56"],
     },
