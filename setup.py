@@ -24,7 +24,7 @@ setup(
         "tensorboardX>=2.6",  # TensorBoard event files without TensorFlow
     ],
     extras_require={
-        "test": ["pytest>=8", "tensorflow-datasets>=4.9"],
+        "test": ["pytest>=8", "tensorflow-datasets>=4.9", "safetensors>=0.4"],  # the latter: a cross-check
         # TFDS math_dataset through tfds.data_source (no TensorFlow needed).
         "tfds": ["tensorflow-datasets>=4.9"],
         # Procedural problems from reasoning-gym's generators.

@@ -42,7 +42,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rl.group_size = 8  # G: responses per prompt
   c.rl.num_minibatches = 1  # optimizer steps per epoch; a mini-batch is P*G/num_minibatches
   c.rl.num_epochs = 1  # passes over each step's responses
-  c.rl.microbatch = 512  # responses per forward/backward pass (never changes the gradient)
+  c.rl.microbatch = 256  # responses per forward/backward pass (never changes the gradient)
   c.rl.advantage = "grpo"  # grpo (std-normalized) | dr_grpo (mean only) | rloo
   c.rl.clip_eps_low = 0.2  # ratio clip 1 - eps_low
   c.rl.clip_eps_high = 0.28  # ratio clip 1 + eps_high (DAPO's clip-higher)
@@ -54,6 +54,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   c.optim = common.optim(lr=1e-4)
   c.optim.b2 = 0.99  # RL gradients are noisy and non-stationary: a shorter second-moment memory
+  c.optim.reference_batch = 512  # lr was tuned at 512 responses per optimizer step (P=64, G=8)
+  c.noise = common.noise_scale()
+  c.target = common.target("eval/accuracy_greedy", 0.6)
 
   c.train = common.run(num_steps=200)
   c.eval = ml_collections.ConfigDict()
@@ -65,7 +68,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.task.digits, c.task.num_eval = 2, 32
     c.rollout.max_new_tokens, c.rollout.generation_batch = 4, 32
     c.rl.num_prompts, c.rl.group_size, c.rl.microbatch = 4, 4, 8
-    c.rl.num_minibatches = 2
     c.train.num_steps, c.train.eval_every, c.train.checkpoint_every = 4, 2, 2
     c.eval.generation_batch = 32
     c.init.sft_config = "configs/sft.py:tiny"

@@ -26,7 +26,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.sft.batch_size = 128  # demonstrations per step (global)
   c.sft.microbatch = 128  # rows per forward/backward pass
   c.optim = common.optim(lr=2e-3)
-  c.optim.warmup_steps = 20  # then constant: a decaying schedule learns slower in this budget
+  c.optim.warmup_responses = 2560  # 20 steps, then constant: decay learns slower in this budget
   c.train = common.run(num_steps=900)
   c.train.eval_every = 100  # held-out greedy accuracy every N steps
   c.train.checkpoint_every = 100  # save every N steps

@@ -61,9 +61,12 @@ def task(name: str = "arithmetic") -> ml_collections.ConfigDict:
 
 def optim(lr: float) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.lr = lr  # peak learning rate
-  c.schedule = "constant"  # constant | cosine | linear (decay after warmup)
-  c.warmup_steps = 0  # linear warmup from 0, in optimizer steps
+  c.lr = lr  # peak learning rate at the reference batch
+  c.lr_scaling = "none"  # none | linear | sqrt: how lr follows the batch (rlscale/optim.py)
+  c.reference_batch = placeholder(int)  # responses per optimizer step at which lr was tuned
+  c.adam_scaling = False  # also scale Adam's betas and eps with the batch (DESIGN.md)
+  c.schedule = "constant"  # constant | cosine | linear (decay after warmup, to the run's end)
+  c.warmup_responses = 0  # linear warmup from 0 over this many responses (or demonstrations)
   c.final_lr_frac = 0.0  # cosine/linear decay ends at lr * final_lr_frac
   c.b1 = 0.9  # Adam beta1
   c.b2 = 0.999  # Adam beta2
@@ -75,11 +78,29 @@ def optim(lr: float) -> ml_collections.ConfigDict:
 
 def run(num_steps: int) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.num_steps = num_steps  # steps of the run
+  c.num_steps = num_steps  # steps of the run (ignored when total_responses is set)
+  c.total_responses = 0  # run length in responses instead; equal-sample runs across batch sizes
   c.eval_every = 25  # held-out evaluation every N steps (and at the end); 0 only at the end
+  c.eval_every_responses = 0  # evaluate at multiples of this responses_seen instead of steps
   c.checkpoint_every = 50  # save every N steps (and at the end); 0 only at the end
   c.keep_checkpoints = 2  # checkpoints kept on disk
   c.async_checkpoint = True  # write checkpoints while the next steps run
   c.log_every = 10  # console progress line every N steps
   c.tensorboard = True  # TensorBoard event files beside metrics.jsonl
+  c.peak_flops = 0.0  # peak FLOP/s of one device for MFU; 0: known accelerators only, not CPU
+  return c
+
+
+def noise_scale() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.decay = 0.9  # EMA decay of |G|^2 and tr(Sigma) estimates (per RL step), bias-corrected
+  c.prompt_level = True  # on alternate steps, micro-batches of whole groups (B in prompts)
+  return c
+
+
+def target(metric: str, value: float) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.metric = metric  # an evaluation metric, e.g. eval/accuracy_greedy
+  c.value = value  # the target is met at the first evaluation where metric >= value
+  c.stop = False  # end the run there (after a checkpoint)
   return c

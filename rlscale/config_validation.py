@@ -7,7 +7,7 @@ import math
 import jax
 import ml_collections
 
-from rlscale import sharding, tasks
+from rlscale import optim, sharding, tasks
 from rlscale.rl.advantages import ADVANTAGES
 from rlscale.rl.losses import AGGREGATIONS, KL_ESTIMATORS
 
@@ -64,6 +64,13 @@ def _common(errors, cfg) -> int:
       errors.append(f"train.{f}={cfg.train[f]} must be >= 0")
   if cfg.optim.schedule not in ("constant", "cosine", "linear"):
     errors.append(f"optim.schedule={cfg.optim.schedule!r}; known: constant, cosine, linear")
+  if cfg.optim.lr_scaling not in optim.RULES:
+    errors.append(f"optim.lr_scaling={cfg.optim.lr_scaling!r}; known: {optim.RULES}")
+  if cfg.optim.reference_batch is not None and cfg.optim.reference_batch <= 0:
+    errors.append(f"optim.reference_batch={cfg.optim.reference_batch} must be positive")
+  for f in ("total_responses", "eval_every_responses", "peak_flops"):
+    if cfg.train[f] < 0:
+      errors.append(f"train.{f}={cfg.train[f]} must be >= 0")
   return _mesh(errors, cfg)
 
 
@@ -103,6 +110,13 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
       if r.num_prompts % jax.process_count():
         errors.append(f"rl.num_prompts={r.num_prompts} must split over {jax.process_count()} "
                       f"processes")
+      if cfg.train.total_responses and cfg.train.total_responses % total:
+        errors.append(f"train.total_responses={cfg.train.total_responses} is not a whole number "
+                      f"of steps of P*G={total} responses")
+    if not 0 < cfg.noise.decay < 1:
+      errors.append(f"noise.decay={cfg.noise.decay} must be in (0, 1)")
+    if not cfg.target.metric:
+      errors.append("target.metric is empty")
     if r.group_size < 2 and r.advantage in ("grpo", "rloo"):
       errors.append(f"rl.group_size={r.group_size}: advantage {r.advantage!r} needs groups of 2+")
     for name, table, value in (("rl.advantage", ADVANTAGES, r.advantage),

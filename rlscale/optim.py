@@ -1,44 +1,100 @@
-"""The optimizer from the config: AdamW with warmup and decay, clipping, and a logged lr."""
+"""The optimizer from the config: AdamW with batch-size scaling rules, a schedule counted in
+responses, global-norm clipping, and hyperparameters that are logged.
+
+Scaling rules (DESIGN.md), for a batch of B responses per optimizer step against the
+`reference_batch` B0 at which `lr` was tuned, k = B / B0:
+  none: lr;  linear: lr * k (Goyal et al. 2017);  sqrt: lr * sqrt(k) (Malladi et al. 2022).
+With `adam_scaling`, beta -> 1 - k (1 - beta) for beta1 and beta2 (clipped to [0, 0.9999]) and
+eps -> eps / sqrt(k). Warmup and decay are counted in responses, so runs with different batch
+sizes follow the same schedule per sample.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any, Mapping
 
+import jax.numpy as jnp
 import optax
 
+RULES = ("none", "linear", "sqrt")
 
-def schedule(cfg: Mapping[str, Any], total_steps: int) -> optax.Schedule:
-  """Linear warmup over `warmup_steps`, then constant or cosine decay to `final_lr_frac`."""
-  lr, warmup = float(cfg["lr"]), int(cfg.get("warmup_steps", 0))
+
+@dataclasses.dataclass(frozen=True)
+class Scaled:
+  """The hyperparameters a batch of `batch` responses per optimizer step gets."""
+  lr: float
+  b1: float
+  b2: float
+  eps: float
+  k: float  # batch / reference_batch
+
+
+def scale(cfg: Mapping[str, Any], batch: float) -> Scaled:
+  rule = cfg.get("lr_scaling", "none")
+  if rule not in RULES:
+    raise ValueError(f"optim.lr_scaling={rule!r}; known: {RULES}")
+  ref = float(cfg.get("reference_batch") or batch)
+  k = batch / ref
+  lr = float(cfg["lr"]) * {"none": 1.0, "linear": k, "sqrt": math.sqrt(k)}[rule]
+  b1, b2, eps = float(cfg.get("b1", 0.9)), float(cfg.get("b2", 0.999)), float(cfg.get("eps", 1e-8))
+  if cfg.get("adam_scaling", False):
+    clip = lambda b: min(max(1.0 - k * (1.0 - b), 0.0), 0.9999)
+    b1, b2, eps = clip(b1), clip(b2), eps / math.sqrt(k)
+  return Scaled(lr, b1, b2, eps, k)
+
+
+def schedule(cfg: Mapping[str, Any], lr: float, total_responses: float,
+             responses_per_step: float) -> optax.Schedule:
+  """lr at optimizer step s, where step s has consumed s * responses_per_step responses.
+
+  Linear warmup over `warmup_responses`, then constant, or cosine/linear decay to
+  lr * final_lr_frac at `total_responses`.
+  """
   kind = cfg.get("schedule", "constant")
-  if kind == "constant":
-    main = optax.constant_schedule(lr)
-  elif kind == "cosine":
-    main = optax.cosine_decay_schedule(lr, max(total_steps - warmup, 1),
-                                       alpha=float(cfg.get("final_lr_frac", 0.0)))
-  elif kind == "linear":
-    main = optax.linear_schedule(lr, lr * float(cfg.get("final_lr_frac", 0.0)),
-                                 max(total_steps - warmup, 1))
-  else:
+  if kind not in ("constant", "cosine", "linear"):
     raise ValueError(f"optim.schedule={kind!r}; known: constant, cosine, linear")
-  if warmup <= 0:
+  warm = float(cfg.get("warmup_responses", 0))
+  final = lr * float(cfg.get("final_lr_frac", 0.0))
+  span = max(total_responses - warm, 1.0)
+
+  def fn(step):
+    seen = step * responses_per_step
+    frac = jnp.clip((seen - warm) / span, 0.0, 1.0)
+    if kind == "constant":
+      main = jnp.full_like(frac, lr)
+    elif kind == "cosine":
+      main = final + (lr - final) * 0.5 * (1 + jnp.cos(math.pi * frac))
+    else:
+      main = lr + (final - lr) * frac
+    if warm > 0:
+      return jnp.where(seen < warm, lr * seen / warm, main)
     return main
-  return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), main], [warmup])
+
+  return fn
 
 
-def make(cfg: Mapping[str, Any], total_steps: int) -> optax.GradientTransformation:
-  """Clip by global norm, then AdamW; hyperparameters are injected so that they can be logged."""
+def make(cfg: Mapping[str, Any], *, batch: float, total_responses: float,
+         responses_per_step: float) -> tuple[optax.GradientTransformation, Scaled]:
+  """Clip by global norm, then AdamW with the scaled hyperparameters (injected, so logged).
+
+  `batch`: responses per optimizer step; `responses_per_step`: responses consumed per optimizer
+  step (batch / num_epochs); `total_responses`: the run's length, where decay ends.
+  """
+  s = scale(cfg, batch)
   adam = optax.inject_hyperparams(optax.adamw)(
-      learning_rate=schedule(cfg, total_steps), b1=float(cfg.get("b1", 0.9)),
-      b2=float(cfg.get("b2", 0.999)), eps=float(cfg.get("eps", 1e-8)),
-      weight_decay=float(cfg.get("weight_decay", 0.0)))
+      learning_rate=schedule(cfg, s.lr, total_responses, responses_per_step), b1=s.b1, b2=s.b2,
+      eps=s.eps, weight_decay=float(cfg.get("weight_decay", 0.0)))
   clip = cfg.get("grad_clip", 0.0)
-  return optax.chain(optax.clip_by_global_norm(clip), adam) if clip else adam
+  return (optax.chain(optax.clip_by_global_norm(clip), adam) if clip else adam), s
 
 
 def hyperparams(opt_state) -> dict[str, Any]:
   """The injected hyperparameters (learning rate, betas, eps) of a state made by `make`."""
-  for s in (opt_state if isinstance(opt_state, tuple) else (opt_state,)):
+  if hasattr(opt_state, "hyperparams"):
+    return dict(opt_state.hyperparams)
+  for s in opt_state if isinstance(opt_state, tuple) else ():
     if hasattr(s, "hyperparams"):
       return dict(s.hyperparams)
   return {}

@@ -4,6 +4,12 @@ Sampling and training use the same parameters on the same mesh. Step N's update 
 then step N+1's prompts are prepared and its decode dispatched before step N's metrics are
 fetched, checked for NaN/Inf and written; a step is checkpointed only once its metrics are
 known to be finite.
+
+Every step records the sample axis (responses and tokens seen), rewards, gradient norms, the
+gradient noise scale, the optimizer's effective hyperparameters, per-phase seconds, throughput
+and MFU; evaluation can run at fixed responses_seen marks so that runs with different batch
+sizes have points at the same x; the first point where `target.metric` reaches `target.value`
+gives responses_to_target and time_to_target.
 """
 
 from __future__ import annotations
@@ -21,13 +27,12 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from rlscale import distributed, experiment, models, optim, rollout, sharding
+from rlscale import distributed, experiment, flops, optim, rollout, sharding
 from rlscale.checkpointing import Checkpointer
 from rlscale.checkpoints import hf
-from rlscale.config_validation import validate
 from rlscale.evaluation import Evaluator
 from rlscale.metrics_writer import MetricsWriter, Progress, write_json
-from rlscale.rl import grpo
+from rlscale.rl import grpo, noise_scale
 from rlscale.rl.advantages import ADVANTAGES
 from rlscale.rl.update import TrainState, make_update
 from rlscale.sampling import Sampler, SamplingParams, generate
@@ -62,6 +67,7 @@ def base_policy(cfg: ml_collections.ConfigDict, config_file: str | None) -> str:
   if cfg.model.hf_checkpoint:  # a real checkpoint is its own base
     return cfg.model.hf_checkpoint
   from rlscale import sft
+  from rlscale.config_validation import validate
   sft_cfg = load_config_file(cfg.init.sft_config, config_file)
   with sft_cfg.unlocked():
     sft_cfg.model, sft_cfg.task, sft_cfg.mesh = cfg.model, cfg.task, cfg.mesh
@@ -78,6 +84,12 @@ def base_policy(cfg: ml_collections.ConfigDict, config_file: str | None) -> str:
   return policy
 
 
+def num_steps(cfg: ml_collections.ConfigDict) -> int:
+  """RL steps of the run: train.total_responses / (P*G) when given, else train.num_steps."""
+  per_step = cfg.rl.num_prompts * cfg.rl.group_size
+  return cfg.train.total_responses // per_step if cfg.train.total_responses else cfg.train.num_steps
+
+
 # --- one step's bookkeeping ---
 
 @dataclasses.dataclass
@@ -91,6 +103,8 @@ class Pending:
   step: int
   metrics: dict[str, jax.Array]
   host: dict[str, Any]  # metrics known on the host already
+  flops: dict[str, float]  # model FLOPs of the step's generation and update
+  by_group: bool  # the update shuffled by whole groups (prompt-level noise scale)
   t_start: float
   t_update: float  # when the update was dispatched
   phases: dict[str, float]
@@ -105,13 +119,17 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = 
   policy, model_cfg = hf.load_policy(base, mesh, rules, dtype=cfg.model.dtype,
                                      param_dtype=cfg.model.param_dtype)
   graphdef, params = nnx.split(policy)
-  steps = cfg.train.num_steps
-  opt_steps = steps * r.num_minibatches * r.num_epochs
-  optimizer = optim.make(cfg.optim, opt_steps)
+  steps = num_steps(cfg)
+  B = r.num_prompts * r.group_size  # responses per RL step
+  opt_batch = B // r.num_minibatches  # responses per optimizer step
+  optimizer, scaled = optim.make(cfg.optim, batch=opt_batch, total_responses=steps * B,
+                                 responses_per_step=opt_batch / r.num_epochs)
+  logging.info("optimizer: %d responses per step, k=%.3g of the reference batch: lr %.3g, "
+               "b1 %.4g, b2 %.4g, eps %.3g", opt_batch, scaled.k, scaled.lr, scaled.b1,
+               scaled.b2, scaled.eps)
   state = TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32))
   ref_params = jax.tree.map(jnp.copy, params) if r.kl_coef else None
 
-  B = r.num_prompts * r.group_size
   tok = task.tokenizer
   sampler = Sampler(graphdef, SamplingParams(
       max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_k=ro.top_k,
@@ -120,10 +138,17 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = 
   update = make_update(graphdef, optimizer, grpo.make_loss(r), num_minibatches=r.num_minibatches,
                        num_epochs=r.num_epochs, microbatch=r.microbatch,
                        aggregation=r.loss_aggregation, max_len=ro.max_new_tokens, mesh=mesh,
-                       rules=rules)
+                       rules=rules, group_size=r.group_size)
   evaluator = Evaluator(task, graphdef, mesh, rules, max_new_tokens=ro.max_new_tokens,
                         generation_batch=cfg.eval.generation_batch, decode_chunk=ro.decode_chunk,
                         sampled=cfg.eval.sampled)
+  # Noise scale of the actor, in responses (micro-batches of random responses) and in prompts
+  # (micro-batches of whole groups, on alternate steps when micro-batches can hold whole groups).
+  measure_noise = opt_batch // r.microbatch >= 2
+  prompt_level = measure_noise and cfg.noise.prompt_level and r.microbatch % r.group_size == 0
+  noise = {"responses": noise_scale.NoiseScale("actor/noise_responses", cfg.noise.decay),
+           "prompts": noise_scale.NoiseScale("actor/noise_prompts", cfg.noise.decay)}
+  peak = flops.peak(cfg.train.peak_flops, jax.devices()[0].device_kind)
 
   @jax.jit
   def logprobs(params, tokens, mask):
@@ -133,21 +158,38 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = 
   key = jax.random.key(cfg.seed)
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), cfg.train.keep_checkpoints,
                       cfg.train.async_checkpoint)
-  counters = {"step": 0, "responses_seen": 0, "tokens_seen": 0, "data_position": 0,
-              "wall_time": 0.0}
+  counters: dict[str, Any] = {"step": 0, "responses_seen": 0, "tokens_seen": 0,
+                              "data_position": 0, "wall_time": 0.0, "seed": cfg.seed}
   start = ckpt.latest_step() or 0
   state = update.place(state)
   if start:
     state, counters = ckpt.restore(start, state)
+    for unit, s in counters.get("noise", {}).items():
+      noise[unit].load(s)
     logging.info("resumed from the checkpoint of step %d in %s", start, workdir)
   writer = MetricsWriter(workdir, resume_step=start, tensorboard=cfg.train.tensorboard)
   progress = Progress(steps, cfg.train.log_every, start)
   rows = distributed.process_rows(r.num_prompts)
   last_eval: dict[str, float] = {}
   t_run = time.time() - counters["wall_time"]
+  tgt = cfg.target
 
   def due(every: int, step: int) -> bool:
     return step == steps or bool(every and step % every == 0)
+
+  def eval_due(step: int) -> bool:
+    if cfg.train.eval_every_responses:  # at fixed sample marks, the x every batch size shares
+      e = cfg.train.eval_every_responses
+      return step == steps or (step - 1) * B // e < step * B // e
+    return due(cfg.train.eval_every, step)
+
+  def check_target(metrics: dict[str, Any]) -> None:
+    if tgt.metric in metrics and "responses_to_target" not in counters:
+      if float(metrics[tgt.metric]) >= tgt.value:
+        counters.update(responses_to_target=counters["responses_seen"],
+                        time_to_target=counters["wall_time"], step_to_target=counters["step"])
+        logging.info("target %s >= %s reached at %d responses, %.1f s", tgt.metric, tgt.value,
+                     counters["responses_seen"], counters["wall_time"])
 
   def finalize(p: Pending) -> None:
     nonlocal last_eval, t_prev_end
@@ -160,35 +202,52 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = 
           f"step {p.step}: non-finite {', '.join(f'{k}={metrics[k]}' for k in bad)}; stopping. "
           f"The last checkpoint (step {ckpt.latest_step()}) in {workdir} is intact.")
     counters.update(step=p.step, wall_time=now - t_run)
-    out = {f"actor/{k}": v for k, v in metrics.items()}
+    out = {f"actor/{k}": v for k, v in metrics.items() if not k.startswith("noise/")}
+    if "noise/grad_sq_small" in metrics:
+      unit, per = ("prompts", r.group_size) if p.by_group else ("responses", 1)
+      g2, trace = noise_scale.estimates(metrics["noise/grad_sq_small"],
+                                        metrics["noise/grad_sq_big"],
+                                        r.microbatch / per, opt_batch / per)
+      out.update(noise[unit].update(g2, trace))
+    counters["noise"] = {u: n.state() for u, n in noise.items()}
     out.update(p.host)
-    if due(cfg.train.eval_every, p.step):
+    for name, value in optim.hyperparams(state.opt_state).items():  # lr, b1, b2, eps in effect
+      out[f"actor/{'lr' if name == 'learning_rate' else name}"] = float(value)
+    if eval_due(p.step):
       t = time.time()
       last_eval = evaluator(state.params, jax.random.fold_in(key, 2 * 10**6 + p.step))
       p.phases["eval"] = time.time() - t
       out.update(last_eval)
-    if due(cfg.train.checkpoint_every, p.step):
+      counters["wall_time"] = time.time() - t_run
+      check_target(last_eval)
+    if due(cfg.train.checkpoint_every, p.step) or stop_now():
       t = time.time()
       ckpt.save(p.step, state, dict(counters))
       p.phases["checkpoint"] = time.time() - t
     t_prev_end = time.time()
+    counters["wall_time"] = t_prev_end - t_run
     wall = t_prev_end - p.t_start
     out.update({f"time/{k}": v for k, v in p.phases.items()})
     out["time/other"] = wall - sum(p.phases.values())
     out["time/step"] = wall
-    out["throughput/gen_tokens_per_s"] = p.host["response_tokens"] / p.phases["generate"]
-    out["throughput/train_tokens_per_s"] = (p.host["train_tokens"] * r.num_epochs /
-                                            p.phases["update"])
+    gen_s, upd_s = p.phases["generate"], p.phases["update"]
+    out["throughput/gen_tokens_per_s"] = p.host["response_tokens"] / gen_s
+    out["throughput/train_tokens_per_s"] = p.host["train_tokens"] * r.num_epochs / upd_s
     out["throughput/responses_per_s"] = B / wall
+    if peak:
+      devices = peak * jax.device_count()
+      out["mfu/generate"] = p.flops["generate"] / gen_s / devices
+      out["mfu/update"] = p.flops["update"] / upd_s / devices
+      out["mfu/step"] = sum(p.flops.values()) / wall / devices
     out.update(responses_seen=counters["responses_seen"], tokens_seen=counters["tokens_seen"],
                wall_time=counters["wall_time"])
-    lr = optim.hyperparams(state.opt_state).get("learning_rate")
-    if lr is not None:
-      out["actor/lr"] = float(lr)
     writer.write(p.step, out)
     progress.update(p.step, {"responses": counters["responses_seen"],
                              "reward": float(p.host["reward/mean"]),
                              "eval acc": last_eval.get("eval/accuracy_greedy")})
+
+  def stop_now() -> bool:
+    return bool(tgt.stop and "responses_to_target" in counters)
 
   if start == 0:  # the base policy's held-out accuracy: the point every curve starts from
     t = time.time()
@@ -201,6 +260,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = 
     pending: Pending | None = None
     t_prev_end = time.time()
     for step in range(start + 1, steps + 1):
+      if stop_now():
+        break
       phases: dict[str, float] = {}
       # This process's prompts: problems [pos + rows.start, pos + rows.stop), G copies each.
       pos = counters["data_position"]
@@ -230,30 +291,33 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = 
       batch.extras["old_logp"] = old
       if ref_params is not None:
         batch.extras["ref_logp"] = logprobs(ref_params, batch.tokens, batch.mask)
-      if r.old_logprobs == "recompute" or ref_params is not None:
+      recomputed = (r.old_logprobs == "recompute") + (ref_params is not None)
+      if recomputed:
         jax.block_until_ready(batch.extras)
         phases["logprobs"] = time.time() - t
-      resp_tokens = int(rmask.sum())
-      resp_lengths = rmask.sum(axis=1)
+      plen, rlen = pmask.sum(axis=1), rmask.sum(axis=1)
+      step_flops = {"generate": _global_sum(flops.rollout_flops(model_cfg, plen, rlen)),
+                    "update": _global_sum(r.num_epochs * flops.train_flops(model_cfg, plen + rlen))}
+      if recomputed:
+        step_flops["logprobs"] = recomputed * step_flops["update"] / (3 * r.num_epochs)
       counters["responses_seen"] += B
-      counters["tokens_seen"] += int(_global_sum(resp_tokens))
+      counters["tokens_seen"] += int(_global_sum(rlen.sum()))
       counters["data_position"] = pos + r.num_prompts
       group_rewards = rewards.reshape(-1, r.group_size)
       host = {
-          "reward/mean": float(_global_mean(rewards)), "reward/std": float(np.std(rewards)),
-          "reward/accuracy": float(_global_mean(correct)),
-          "reward/finished": float(_global_mean(finished)),
-          "reward/solved_groups": float(np.mean(group_rewards.min(axis=1) > 0)),
-          "reward/unsolved_groups": float(np.mean(group_rewards.max(axis=1) == 0)),
-          "response/length_mean": float(_global_mean(resp_lengths)),
-          "response/length_max": int(resp_lengths.max()),
-          "response_tokens": int(_global_sum(resp_tokens)),
-          "train_tokens": int(_global_sum(resp_tokens + pmask.sum())),
+          "reward/mean": _global_mean(rewards), "reward/std": float(np.std(rewards)),
+          "reward/accuracy": _global_mean(correct), "reward/finished": _global_mean(finished),
+          "reward/solved_groups": _global_mean(group_rewards.min(axis=1) > 0),
+          "reward/unsolved_groups": _global_mean(group_rewards.max(axis=1) == 0),
+          "response/length_mean": _global_mean(rlen), "response/length_max": int(rlen.max()),
+          "response_tokens": int(_global_sum(rlen.sum())),
+          "train_tokens": int(_global_sum(rlen.sum() + plen.sum())),
       }
+      by_group = prompt_level and step % 2 == 0
       t_update = time.time()
-      state, metrics = update(state, batch, jax.random.fold_in(step_key, 1))
-      pending = Pending(step, metrics, host, t_start, t_update, phases)
-      if due(cfg.train.eval_every, step) or due(cfg.train.checkpoint_every, step):
+      state, metrics = update(state, batch, jax.random.fold_in(step_key, 1), by_group)
+      pending = Pending(step, metrics, host, step_flops, by_group, t_start, t_update, phases)
+      if eval_due(step) or due(cfg.train.checkpoint_every, step):
         finalize(pending)  # evaluation and checkpoints need this step's parameters now
         pending = None
     if pending is not None:
@@ -264,11 +328,43 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = 
     writer.close()
   final = nnx.merge(graphdef, state.params)
   hf.save_policy(final, os.path.join(workdir, "policy"))
-  summary = {"kind": cfg.kind, "steps": steps, **counters, **last_eval,
-             "compilations": {"update": update.traces, "sampler": sampler.traces}}
+  summary = summarize(cfg, workdir, counters, last_eval, B)
+  summary["compilations"] = {"update": update.traces, "sampler": sampler.traces}
   write_json(os.path.join(workdir, "summary.json"), summary)
-  logging.info("done: %s", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items()})
+  logging.info("done: %s", {k: (round(v, 4) if isinstance(v, float) else v)
+                            for k, v in summary.items() if k != "noise"})
   return summary
+
+
+def summarize(cfg, workdir: str, counters: dict, last_eval: dict, per_step: int) -> dict:
+  """summary.json: counters, target, final evaluation, mean throughputs and phase times."""
+  import json
+  rows = []
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      rows = [json.loads(line) for line in f]
+  steps = [row for row in rows if row.get("step", 0) > 0]
+  def mean(k):
+    values = [row[k] for row in steps if isinstance(row.get(k), (int, float))]
+    return float(np.mean(values)) if values else None
+  out = {"kind": cfg.kind, "num_prompts": cfg.rl.num_prompts, "group_size": cfg.rl.group_size,
+         "responses_per_step": per_step, **{k: v for k, v in counters.items() if k != "noise"},
+         "target": {"metric": cfg.target.metric, "value": cfg.target.value},
+         "responses_to_target": counters.get("responses_to_target"),
+         "time_to_target": counters.get("time_to_target"), **last_eval}
+  if counters.get("wall_time"):
+    out["responses_per_s"] = counters["responses_seen"] / counters["wall_time"]
+  for k in ("throughput/gen_tokens_per_s", "throughput/train_tokens_per_s",
+            "throughput/responses_per_s", "mfu/step", "time/step", "time/generate",
+            "time/update", "time/reward", "time/eval", "time/other"):
+    v = mean(k)
+    if v is not None and np.isfinite(v):
+      out[f"mean/{k}"] = v
+  for k in ("actor/noise_responses/b_simple", "actor/noise_prompts/b_simple"):
+    last = [row[k] for row in steps if k in row]
+    if last:
+      out[f"final/{k}"] = last[-1]
+  return out
 
 
 def _global_sum(x) -> float:

@@ -52,7 +52,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   policy = models.create_sharded(models.CausalLM, env.model_cfg, mesh, rules,
                                  jax.random.fold_in(key, 0))
   graphdef, params = nnx.split(policy)
-  optimizer = optim.make(cfg.optim, steps)
+  optimizer, _ = optim.make(cfg.optim, batch=s.batch_size, total_responses=steps * s.batch_size,
+                            responses_per_step=s.batch_size)
   state = TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32))
   update = make_update(graphdef, optimizer, nll_loss, num_minibatches=1, num_epochs=1,
                        microbatch=s.microbatch, aggregation="token-mean",

@@ -48,21 +48,46 @@ def test_grpo_tiny_end_to_end(tmp_path):
   for r in rows[1:]:
     assert r["responses_seen"] == r["step"] * p * g
     for key in ("reward/mean", "reward/std", "reward/accuracy", "response/length_mean",
-                "actor/entropy", "actor/clip_frac", "actor/grad_norm", "actor/lr", "tokens_seen",
+                "actor/entropy", "actor/clip_frac", "actor/grad_norm", "actor/grad_norm_max",
+                "actor/lr", "actor/b1", "actor/b2", "actor/eps", "tokens_seen",
                 "time/generate", "time/reward", "time/update", "time/other", "wall_time",
-                "throughput/gen_tokens_per_s", "throughput/train_tokens_per_s"):
+                "throughput/gen_tokens_per_s", "throughput/train_tokens_per_s",
+                "throughput/responses_per_s"):
       assert key in r and np.isfinite(r[key]), key
+    unit = "prompts" if r["step"] % 2 == 0 else "responses"  # alternate partitions
+    for k in ("b_simple", "grad_sq_est", "trace_est", "grad_sq_ema", "trace_ema"):
+      assert f"actor/noise_{unit}/{k}" in r, (r["step"], k)
     phases = sum(v for k, v in r.items() if k.startswith("time/") and k != "time/step")
     assert abs(phases - r["time/step"]) < 1e-6  # the phases add up to the step
   for step in (2, 4):
     assert "eval/accuracy_sampled" in rows[step]
   assert summary["compilations"] == {"update": 1, "sampler": 1}
+  assert summary["target"]["metric"] == "eval/accuracy_greedy"
+  assert "responses_to_target" in summary and "mean/throughput/responses_per_s" in summary
   assert summary["responses_seen"] == 4 * p * g
   with open(run / "summary.json") as f:
     assert json.load(f)["step"] == 4
   # The cached base is reused: a second run builds nothing.
   train.main(_config(tmp_path), str(tmp_path / "run2"))
   assert len(os.listdir(tmp_path / "base")) == 1
+
+
+@pytest.mark.slow
+def test_equal_samples_put_eval_points_at_the_same_x_for_two_batch_sizes(tmp_path):
+  xs = {}
+  for p in (4, 8):
+    cfg = _config(tmp_path, **{"rl.num_prompts": p, "train.total_responses": 64,
+                               "train.eval_every_responses": 32, "train.eval_every": 0,
+                               "optim.lr_scaling": "sqrt", "optim.reference_batch": 16,
+                               "target.value": 0.0})
+    summary = train.main(cfg, str(tmp_path / f"p{p}"))
+    rows = _rows(tmp_path / f"p{p}")
+    xs[p] = [r["responses_seen"] for r in rows if "eval/accuracy_greedy" in r]
+    assert rows[-1]["responses_seen"] == 64 and summary["responses_seen"] == 64
+    # sqrt rule: lr x sqrt(B / 16); the target (>= 0) is met at the first evaluation after 0.
+    assert rows[1]["actor/lr"] == pytest.approx(cfg.optim.lr * (p * 4 / 16) ** 0.5, rel=1e-5)
+    assert summary["responses_to_target"] == 32 and summary["time_to_target"] > 0
+  assert xs[4] == xs[8] == [0, 32, 64]
 
 
 @pytest.mark.slow

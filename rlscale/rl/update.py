@@ -4,6 +4,12 @@ The batch is shuffled per epoch and cut into `num_minibatches` mini-batches, one
 each. A mini-batch is processed in micro-batches of `microbatch` rows whose gradients are summed;
 token weights come from the whole mini-batch (see losses.token_weights), so the micro-batch
 size never changes the gradient. The algorithm supplies only a per-token loss.
+
+Each optimizer step also yields the two squared gradient norms of the noise-scale estimator
+(rl/noise_scale.py): the mean over micro-batches of each one's mean gradient, and the
+mini-batch gradient. Shuffling is by responses, or, when `by_group` is set for a step, by whole
+groups of `group_size` rows, which makes every micro-batch a set of whole groups (the
+prompt-level estimate).
 """
 
 from __future__ import annotations
@@ -46,17 +52,51 @@ class TokenInputs(NamedTuple):
 TokenLoss = Callable[[TokenInputs], tuple[jax.Array, dict[str, jax.Array]]]
 
 
-def _rows(x, idx):
-  return jnp.take(x, idx, axis=0)
+def sq_norm(tree) -> jax.Array:
+  return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree))
+
+
+def accumulate(grad_fn, params, micro, shares):
+  """Sum a micro-batched gradient and measure the micro-batches' own mean gradients.
+
+  `grad_fn(params, x) -> ((value, aux), grads)` for one micro-batch `x` (leading axis of
+  `micro` indexes micro-batches); `shares[i]` is micro-batch i's share of the mini-batch's total
+  loss weight, so grads_i / shares[i] is that micro-batch's mean gradient.
+  Returns (summed grads, stacked values, stacked aux, mean over i of |grads_i / shares[i]|^2).
+  """
+  def body(carry, xs):
+    grads, small_sq = carry
+    x, share = xs
+    (value, aux), g = grad_fn(params, x)
+    small_sq = small_sq + sq_norm(g) / jnp.maximum(jnp.square(share), 1e-30)
+    return (jax.tree.map(jnp.add, grads, g), small_sq), (value, aux)
+
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  (grads, small_sq), (values, aux) = jax.lax.scan(body, (zeros, jnp.zeros((), jnp.float32)),
+                                                   (micro, shares))
+  return grads, values, aux, small_sq / shares.shape[0]
+
+
+def permutation(key, rows: int, group_size: int, by_group) -> jax.Array:
+  """A shuffle of the rows, by single rows or (when `by_group`) by whole groups."""
+  k1, k2 = jax.random.split(key)
+  by_row = jax.random.permutation(k1, rows)
+  groups = jax.random.permutation(k2, rows // group_size)
+  by_grp = (groups[:, None] * group_size + jnp.arange(group_size)[None]).reshape(-1)
+  return jnp.where(by_group, by_grp, by_row)
 
 
 def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, loss: TokenLoss,
                 *, num_minibatches: int, num_epochs: int, microbatch: int, aggregation: str,
-                max_len: int, mesh: Mesh, rules: sharding.Rules, shuffle: bool = True):
-  """A jitted `update(state, batch, key) -> (state, metrics)` with `state` donated.
+                max_len: int, mesh: Mesh, rules: sharding.Rules, shuffle: bool = True,
+                group_size: int = 1):
+  """An `Update`: `update(state, batch, key, by_group=False) -> (state, metrics)`.
 
   Metrics: per-token loss metrics as token means over each mini-batch, averaged over the
-  optimizer steps; `grad_norm` (before clipping) mean and max over the optimizer steps.
+  optimizer steps; `grad_norm` (before clipping) mean and max over the optimizer steps;
+  `noise/grad_sq_small`, `noise/grad_sq_big` (means over the optimizer steps) with the batch
+  (micro-batch and mini-batch rows). With a single micro-batch per mini-batch there is no
+  small batch, and the noise metrics are absent.
   """
 
   def token_inputs(params, mb: SequenceBatch) -> TokenInputs:
@@ -68,12 +108,14 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
     logp = jnp.take_along_axis(logp_all, mb.tokens[:, -n:, None], axis=-1)[..., 0]
     return TokenInputs(logp, logits, mb.resp_mask, mb.extras)
 
-  def micro_loss(params, mb: SequenceBatch, w, mw):
+  def micro_loss(params, xs):
+    mb, w, mw = xs
+    mb, w, mw = jax.tree.map(lambda x: sharding.constrain(x, ("batch",) + (None,) * (x.ndim - 1)),
+                             (mb, w, mw))
     inputs = token_inputs(params, mb)
     per_token, metrics = loss(inputs)
     metrics = dict(metrics, entropy=entropy(inputs.logits))
-    total = jnp.sum(w * per_token)
-    return total, {k: jnp.sum(mw * v) for k, v in metrics.items()}
+    return jnp.sum(w * per_token), {k: jnp.sum(mw * v) for k, v in metrics.items()}
 
   grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
@@ -84,32 +126,26 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
     n_micro = rows // microbatch
     split = lambda x: x.reshape((n_micro, microbatch) + x.shape[1:])
     micro = jax.tree.map(split, (mb, w, mw))
-
-    def accumulate(grads, xs):
-      m, w_m, mw_m = xs
-      m, w_m, mw_m = jax.tree.map(lambda x: sharding.constrain(x, ("batch",) + (None,) * (x.ndim - 1)),
-                                  (m, w_m, mw_m))
-      (value, metrics), g = grad_fn(state.params, m, w_m, mw_m)
-      return jax.tree.map(jnp.add, grads, g), (value, metrics)
-
-    zeros = jax.tree.map(jnp.zeros_like, state.params)
-    grads, (values, metrics) = jax.lax.scan(accumulate, zeros, micro)
-    grad_norm = optax.tree.norm(grads)
+    shares = jnp.sum(micro[1].reshape(n_micro, -1), axis=1)
+    grads, values, metrics, small_sq = accumulate(grad_fn, state.params, micro, shares)
+    big_sq = sq_norm(grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = {k: jnp.sum(v) for k, v in metrics.items()}
-    metrics.update(loss=jnp.sum(values), grad_norm=grad_norm)
+    metrics.update(loss=jnp.sum(values), grad_norm=jnp.sqrt(big_sq))
+    if n_micro > 1:
+      metrics.update({"noise/grad_sq_small": small_sq, "noise/grad_sq_big": big_sq})
     return TrainState(params, opt_state, state.step + 1), metrics
 
-  def update(state: TrainState, batch: SequenceBatch, key):
+  def update(state: TrainState, batch: SequenceBatch, key, by_group):
     with sharding.activation_sharding(mesh, rules):
       rows = batch.tokens.shape[0]
       mb_rows = rows // num_minibatches
       step_metrics = []
       for epoch in range(num_epochs):
-        idx = (jax.random.permutation(jax.random.fold_in(key, epoch), rows) if shuffle
-               else jnp.arange(rows))
-        shuffled = jax.tree.map(lambda x: _rows(x, idx), batch)
+        idx = (permutation(jax.random.fold_in(key, epoch), rows, group_size, by_group)
+               if shuffle else jnp.arange(rows))
+        shuffled = jax.tree.map(lambda x: jnp.take(x, idx, axis=0), batch)
         mbs = jax.tree.map(lambda x: x.reshape((num_minibatches, mb_rows) + x.shape[1:]), shuffled)
         state, metrics = jax.lax.scan(minibatch_step, state, mbs)
         step_metrics.append(metrics)
@@ -144,7 +180,7 @@ class Update:
     """Put a freshly built or restored state on the shardings the update expects."""
     return jax.device_put(state, self.state_shardings(state))
 
-  def __call__(self, state: TrainState, batch: SequenceBatch, key):
+  def __call__(self, state: TrainState, batch: SequenceBatch, key, by_group: bool = False):
     batch_sh = jax.tree.map(lambda x: sharding.batch_sharding(self.mesh, x.ndim, self.rules), batch)
     batch = jax.device_put(batch, batch_sh)  # a no-op for rows already on the batch axes
     if self._jitted is None:
@@ -155,6 +191,7 @@ class Update:
         self.traces += 1
         return self._fn(*args)
 
-      self._jitted = jax.jit(counted, donate_argnums=0, in_shardings=(state_sh, batch_sh, rep),
+      self._jitted = jax.jit(counted, donate_argnums=0,
+                             in_shardings=(state_sh, batch_sh, rep, rep),
                              out_shardings=(state_sh, rep))
-    return self._jitted(state, batch, key)
+    return self._jitted(state, batch, key, jnp.asarray(by_group))

@@ -1,0 +1,58 @@
+"""Model FLOPs and MFU.
+
+Forward FLOPs of one token = 2 x (matmul parameters, the output head included) + 4 x layers x
+heads x head_dim x (keys it attends to): the QK^T and PV products. A training token costs 3x its
+forward (forward, and a backward twice as costly). MFU = model FLOPs per second / (devices x
+peak FLOP/s per device). The peak comes from `train.peak_flops` or, for known accelerators, the
+table below (dense bf16); on CPU it must be given, else MFU is not logged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rlscale.models.config import ModelConfig
+
+# Dense bf16 peak FLOP/s per device by jax `device_kind` (vendor datasheets).
+PEAKS = {
+    "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12, "TPU v6e": 918e12,
+    "NVIDIA A100-SXM4-40GB": 312e12, "NVIDIA A100-SXM4-80GB": 312e12,
+    "NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H200": 989e12,
+}
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+  e, f, d = cfg.d_model, cfg.mlp_dim, cfg.head_dim
+  per_layer = e * (cfg.num_heads + 2 * cfg.num_kv_heads) * d + cfg.num_heads * d * e + 3 * e * f
+  return cfg.num_layers * per_layer + e * cfg.vocab_size
+
+
+def forward_flops(cfg: ModelConfig, tokens: float, attended: float) -> float:
+  """FLOPs of `tokens` forward tokens that attend to `attended` keys in total."""
+  attn = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim
+  return 2.0 * matmul_params(cfg) * tokens + attn * attended
+
+
+def causal_pairs(lengths) -> float:
+  """Keys attended by every token of causal sequences of the given real lengths."""
+  n = np.asarray(lengths, np.float64)
+  return float(np.sum(n * (n + 1) / 2))
+
+
+def rollout_flops(cfg: ModelConfig, prompt_lengths, response_lengths) -> float:
+  """Prefill of the prompts plus one forward per generated token over its growing context."""
+  p, r = np.asarray(prompt_lengths, np.float64), np.asarray(response_lengths, np.float64)
+  decode_pairs = np.sum(r * p + r * (r + 1) / 2)
+  return forward_flops(cfg, p.sum() + r.sum(), causal_pairs(p) + decode_pairs)
+
+
+def train_flops(cfg: ModelConfig, sequence_lengths) -> float:
+  n = np.asarray(sequence_lengths, np.float64)
+  return 3.0 * forward_flops(cfg, n.sum(), causal_pairs(n))
+
+
+def peak(configured: float, device_kind: str) -> float | None:
+  if configured:
+    return float(configured)
+  return PEAKS.get(device_kind)
