@@ -93,6 +93,7 @@ def run(num_steps: int) -> ml_collections.ConfigDict:
 
 def noise_scale() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
+  c.enabled = True  # measure it (needs at least 2 micro-batches per mini-batch)
   c.decay = 0.9  # EMA decay of |G|^2 and tr(Sigma) estimates (per RL step), bias-corrected
   c.prompt_level = True  # on alternate steps, micro-batches of whole groups (B in prompts)
   return c

@@ -110,6 +110,11 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
       if r.num_prompts % jax.process_count():
         errors.append(f"rl.num_prompts={r.num_prompts} must split over {jax.process_count()} "
                       f"processes")
+      mb = total // r.num_minibatches
+      if not errors and cfg.noise.enabled and mb // r.microbatch < 2:
+        errors.append(f"rl.microbatch={r.microbatch} leaves one micro-batch per mini-batch ({mb}): "
+                      f"the noise scale needs two or more; lower rl.microbatch or set "
+                      f"noise.enabled=False")
       if cfg.train.total_responses and cfg.train.total_responses % total:
         errors.append(f"train.total_responses={cfg.train.total_responses} is not a whole number "
                       f"of steps of P*G={total} responses")

@@ -138,13 +138,13 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = 
   update = make_update(graphdef, optimizer, grpo.make_loss(r), num_minibatches=r.num_minibatches,
                        num_epochs=r.num_epochs, microbatch=r.microbatch,
                        aggregation=r.loss_aggregation, max_len=ro.max_new_tokens, mesh=mesh,
-                       rules=rules, group_size=r.group_size)
+                       rules=rules, group_size=r.group_size, measure_noise=cfg.noise.enabled)
   evaluator = Evaluator(task, graphdef, mesh, rules, max_new_tokens=ro.max_new_tokens,
                         generation_batch=cfg.eval.generation_batch, decode_chunk=ro.decode_chunk,
                         sampled=cfg.eval.sampled)
   # Noise scale of the actor, in responses (micro-batches of random responses) and in prompts
   # (micro-batches of whole groups, on alternate steps when micro-batches can hold whole groups).
-  measure_noise = opt_batch // r.microbatch >= 2
+  measure_noise = cfg.noise.enabled and opt_batch // r.microbatch >= 2
   prompt_level = measure_noise and cfg.noise.prompt_level and r.microbatch % r.group_size == 0
   noise = {"responses": noise_scale.NoiseScale("actor/noise_responses", cfg.noise.decay),
            "prompts": noise_scale.NoiseScale("actor/noise_prompts", cfg.noise.decay)}

@@ -5,6 +5,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -95,7 +96,7 @@ def test_microbatch_size_never_changes_the_gradient(aggregation, mesh1, rules):
   cfg = models.ModelConfig(family="llama", vocab_size=32, d_model=32, num_layers=1, num_heads=2,
                            num_kv_heads=1, head_dim=16, mlp_dim=64)
   batch = _batch(cfg)
-  opt = optim.make(dict(lr=1e-2, grad_clip=0.0), 10)
+  opt = optax.sgd(1.0)  # parameters move by exactly minus the gradient
   results = []
   for micro in (8, 2):  # one micro-batch, then four
     model = models.CausalLM(cfg, rngs=nnx.Rngs(params=0))
@@ -107,8 +108,8 @@ def test_microbatch_size_never_changes_the_gradient(aggregation, mesh1, rules):
     state, metrics = update(state, batch, jax.random.key(0))
     results.append((jax.tree.leaves(state.params), jax.device_get(metrics)))
   (p1, m1), (p4, m4) = results
-  for a, b in zip(p1, p4):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6)
+  for a, b in zip(p1, p4):  # the same gradient up to float32 summation order
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
   for k in m1:
     np.testing.assert_allclose(m1[k], m4[k], rtol=1e-4, atol=1e-6, err_msg=k)
 
@@ -118,7 +119,7 @@ def test_minibatches_take_one_optimizer_step_each(mesh1, rules):
                            num_kv_heads=1, head_dim=16, mlp_dim=64, qkv_bias=True)
   model = models.CausalLM(cfg, rngs=nnx.Rngs(params=0))
   graphdef, params = nnx.split(model)
-  opt = optim.make(dict(lr=1e-3), 10)
+  opt, _ = optim.make(dict(lr=1e-3), batch=2, total_responses=80, responses_per_step=1)
   update = make_update(graphdef, opt, grpo.make_loss(RL), num_minibatches=4, num_epochs=2,
                        microbatch=2, aggregation="token-mean", max_len=6, mesh=mesh1, rules=rules)
   state = update.place(TrainState(params, opt.init(params), jnp.zeros((), jnp.int32)))

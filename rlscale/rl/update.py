@@ -56,7 +56,7 @@ def sq_norm(tree) -> jax.Array:
   return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree))
 
 
-def accumulate(grad_fn, params, micro, shares):
+def accumulate(grad_fn, params, micro, shares, measure: bool = True):
   """Sum a micro-batched gradient and measure the micro-batches' own mean gradients.
 
   `grad_fn(params, x) -> ((value, aux), grads)` for one micro-batch `x` (leading axis of
@@ -68,7 +68,8 @@ def accumulate(grad_fn, params, micro, shares):
     grads, small_sq = carry
     x, share = xs
     (value, aux), g = grad_fn(params, x)
-    small_sq = small_sq + sq_norm(g) / jnp.maximum(jnp.square(share), 1e-30)
+    if measure:
+      small_sq = small_sq + sq_norm(g) / jnp.maximum(jnp.square(share), 1e-30)
     return (jax.tree.map(jnp.add, grads, g), small_sq), (value, aux)
 
   zeros = jax.tree.map(jnp.zeros_like, params)
@@ -89,14 +90,14 @@ def permutation(key, rows: int, group_size: int, by_group) -> jax.Array:
 def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, loss: TokenLoss,
                 *, num_minibatches: int, num_epochs: int, microbatch: int, aggregation: str,
                 max_len: int, mesh: Mesh, rules: sharding.Rules, shuffle: bool = True,
-                group_size: int = 1):
+                group_size: int = 1, measure_noise: bool = True):
   """An `Update`: `update(state, batch, key, by_group=False) -> (state, metrics)`.
 
   Metrics: per-token loss metrics as token means over each mini-batch, averaged over the
   optimizer steps; `grad_norm` (before clipping) mean and max over the optimizer steps;
   `noise/grad_sq_small`, `noise/grad_sq_big` (means over the optimizer steps) with the batch
   (micro-batch and mini-batch rows). With a single micro-batch per mini-batch there is no
-  small batch, and the noise metrics are absent.
+  small batch, and the noise metrics are absent, as they are with `measure_noise=False`.
   """
 
   def token_inputs(params, mb: SequenceBatch) -> TokenInputs:
@@ -127,13 +128,14 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
     split = lambda x: x.reshape((n_micro, microbatch) + x.shape[1:])
     micro = jax.tree.map(split, (mb, w, mw))
     shares = jnp.sum(micro[1].reshape(n_micro, -1), axis=1)
-    grads, values, metrics, small_sq = accumulate(grad_fn, state.params, micro, shares)
+    grads, values, metrics, small_sq = accumulate(grad_fn, state.params, micro, shares,
+                                                  measure_noise and n_micro > 1)
     big_sq = sq_norm(grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = {k: jnp.sum(v) for k, v in metrics.items()}
     metrics.update(loss=jnp.sum(values), grad_norm=jnp.sqrt(big_sq))
-    if n_micro > 1:
+    if n_micro > 1 and measure_noise:
       metrics.update({"noise/grad_sq_small": small_sq, "noise/grad_sq_big": big_sq})
     return TrainState(params, opt_state, state.step + 1), metrics
 

@@ -210,7 +210,7 @@ def generate(sampler: Sampler, state: nnx.State, tokens_BxP: np.ndarray, mask_Bx
   tokens_BxP, mask_BxP = np.asarray(tokens_BxP, np.int32), np.asarray(mask_BxP, bool)
   local = tokens_BxP.shape[0]
   procs = jax.process_count()
-  gb = (generation_batch or local * procs)
+  gb = min(generation_batch or local * procs, local * procs)  # never pad past the batch
   if gb % procs:
     raise ValueError(f"generation_batch={gb} does not split over {procs} processes")
   gb //= procs

@@ -1,0 +1,57 @@
+"""Reading run directories: config.json, metrics.jsonl, summary.json."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+
+@dataclasses.dataclass
+class Run:
+  path: str
+  config: dict[str, Any]
+  rows: list[dict[str, Any]]  # metrics.jsonl, one per step (step 0: the base policy's eval)
+  summary: dict[str, Any]
+
+  @property
+  def name(self) -> str:
+    return os.path.basename(os.path.normpath(self.path))
+
+  @property
+  def responses_per_step(self) -> int:
+    rl = self.config["rl"]
+    return rl["num_prompts"] * rl["group_size"]
+
+  def curve(self, metric: str) -> list[tuple[int, float]]:
+    """(responses_seen, value) at every step that logged `metric`."""
+    return [(r["responses_seen"], float(r[metric])) for r in self.rows
+            if isinstance(r.get(metric), (int, float))]
+
+  def last(self, metric: str):
+    values = [r[metric] for r in self.rows if metric in r]
+    return values[-1] if values else None
+
+  def mean(self, metric: str, skip: int = 1):
+    values = [r[metric] for r in self.rows[skip:] if isinstance(r.get(metric), (int, float))]
+    return sum(values) / len(values) if values else None
+
+
+def load(path: str) -> Run:
+  def read(name):
+    p = os.path.join(path, name)
+    if not os.path.exists(p):
+      return {}
+    with open(p) as f:
+      return json.load(f)
+  rows = []
+  p = os.path.join(path, "metrics.jsonl")
+  if os.path.exists(p):
+    with open(p) as f:
+      for line in f:
+        try:
+          rows.append(json.loads(line))
+        except json.JSONDecodeError:
+          pass  # a line cut by a crash
+  return Run(path, read("config.json"), rows, read("summary.json"))

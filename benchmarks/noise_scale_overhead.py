@@ -1,0 +1,52 @@
+"""What measuring the gradient noise scale costs the default GRPO step; one JSON line.
+
+    python benchmarks/noise_scale_overhead.py [--steps=30]
+
+Runs configs/grpo.py from its cached base policy for --steps steps twice: with the noise scale
+(rl.microbatch = mini-batch / 2, the default) and without it (noise.enabled=False and one
+micro-batch per mini-batch, the fastest setting). The overhead is the difference of the
+median step times over the median step time without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("steps", 30, "RL steps per measurement (the first 5 are not timed)")
+
+
+def main(argv):
+  del argv
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  from rlscale import logs, rl_loop, train
+  logs.quiet_libraries()
+  logging.set_verbosity(logging.WARNING)
+  out = {}
+  for name, noise in (("with_noise_scale", True), ("without", False)):
+    cfg = rl_loop.load_config_file("configs/grpo.py")
+    minibatch = cfg.rl.num_prompts * cfg.rl.group_size // cfg.rl.num_minibatches
+    cfg.noise.enabled = noise
+    cfg.rl.microbatch = minibatch // 2 if noise else minibatch
+    cfg.train.num_steps, cfg.train.eval_every, cfg.train.checkpoint_every = FLAGS.steps, 0, 0
+    cfg.train.tensorboard = False
+    with tempfile.TemporaryDirectory() as workdir:
+      train.main(cfg, workdir, "configs/grpo.py")
+      with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f][6:-1]  # steady state: no compile, no final eval
+    out[name] = {k: statistics.median(r[k] for r in rows)
+                 for k in ("time/step", "time/update", "time/generate")}
+    out[name]["microbatch"] = cfg.rl.microbatch
+  with_, without = out["with_noise_scale"]["time/step"], out["without"]["time/step"]
+  print(json.dumps(dict(benchmark="noise_scale_overhead", steps=FLAGS.steps, **out,
+                        overhead_of_step=round((with_ - without) / without, 4))))
+
+
+if __name__ == "__main__":
+  app.run(main)
