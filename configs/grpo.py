@@ -24,18 +24,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.task.digits = 2  # operands below 100
   c.task.restate = 0.5  # the base's demonstrations: half restate the equation (a rejected style)
 
-  c.init = ml_collections.ConfigDict()
-  c.init.hf_checkpoint = ""  # start from this folder (else model.hf_checkpoint, else the SFT base)
-  c.init.sft_config = "configs/sft.py"  # the base policy's recipe (its model/task/mesh are ours)
-  c.init.cache_dir = "runs/base"  # base policies are cached here by the SFT config's hash
-
-  c.rollout = ml_collections.ConfigDict()
-  c.rollout.max_new_tokens = 6  # response budget in tokens (EOS included); answers need <= 4
-  c.rollout.temperature = 1.0  # sampling temperature of the training responses
-  c.rollout.top_k = 0  # 0 keeps every token
-  c.rollout.top_p = 1.0  # 1 keeps every token
-  c.rollout.generation_batch = 1024  # responses per compiled decode call
-  c.rollout.decode_chunk = 64  # KV-cache slots per chunk of generated tokens
+  c.init = common.init()
+  c.rollout = common.rollout(max_new_tokens=6)  # answers need <= 4 tokens with EOS
 
   c.rl = ml_collections.ConfigDict()
   c.rl.num_prompts = 64  # P: prompts per RL step
@@ -59,9 +49,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.target = common.target("eval/accuracy_greedy", 0.6)
 
   c.train = common.run(num_steps=200)
-  c.eval = ml_collections.ConfigDict()
-  c.eval.sampled = True  # also score one temperature-1 response per held-out problem
-  c.eval.generation_batch = 512  # held-out rows per compiled decode call
+  c.eval = common.evaluation()
 
   if arg == "tiny":
     c.model.update(d_model=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32, mlp_dim=128)

@@ -105,3 +105,29 @@ def target(metric: str, value: float) -> ml_collections.ConfigDict:
   c.value = value  # the target is met at the first evaluation where metric >= value
   c.stop = False  # end the run there (after a checkpoint)
   return c
+
+
+def init(sft_config: str = "configs/sft.py") -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.hf_checkpoint = ""  # start from this folder (else model.hf_checkpoint, else the SFT base)
+  c.sft_config = sft_config  # the base policy's recipe (its model/task/mesh are the run's)
+  c.cache_dir = "runs/base"  # base policies are cached here by the SFT config's hash
+  return c
+
+
+def rollout(max_new_tokens: int) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.max_new_tokens = max_new_tokens  # response budget in tokens (EOS included)
+  c.temperature = 1.0  # sampling temperature of the training responses
+  c.top_k = 0  # 0 keeps every token
+  c.top_p = 1.0  # 1 keeps every token
+  c.generation_batch = 1024  # responses per compiled decode call (capped at the step's batch)
+  c.decode_chunk = 64  # KV-cache slots per chunk of generated tokens
+  return c
+
+
+def evaluation() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.sampled = True  # also score one temperature-1 response per held-out problem
+  c.generation_batch = 512  # held-out rows per compiled decode call
+  return c

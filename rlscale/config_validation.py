@@ -79,6 +79,37 @@ def _divides(errors, name, value, what, total):
     errors.append(f"{name}={value} does not divide {what} ({total})")
 
 
+def _ppo(errors, cfg, shards: int) -> None:
+  r, c = cfg.rl, cfg.critic
+  for name in ("gamma", "lam"):
+    if not 0 <= r[name] <= 1:
+      errors.append(f"rl.{name}={r[name]} must be in [0, 1]")
+  if r.dual_clip and r.dual_clip <= 1:
+    errors.append(f"rl.dual_clip={r.dual_clip} must be > 1 (or 0 to turn it off)")
+  if r.prox_com < 0:
+    errors.append(f"rl.prox_com={r.prox_com} must be >= 0 (0: standard PPO)")
+  if c.value_clip < 0 or c.warmup_steps < 0:
+    errors.append(f"critic.value_clip={c.value_clip}, critic.warmup_steps={c.warmup_steps} "
+                  f"must be >= 0")
+  _positive(errors, cfg, "critic", "num_minibatches", "num_epochs", "microbatch")
+  if errors:
+    return
+  total = r.num_prompts * r.group_size
+  _divides(errors, "critic.num_minibatches", c.num_minibatches, "P*G responses per step", total)
+  if not errors:
+    mb = total // c.num_minibatches
+    _divides(errors, "critic.microbatch", c.microbatch, "the critic's mini-batch", mb)
+    if c.microbatch % shards:
+      errors.append(f"critic.microbatch={c.microbatch} must split over {shards} batch shards")
+    if not errors and cfg.noise.enabled and mb // c.microbatch < 2:
+      errors.append(f"critic.microbatch={c.microbatch} leaves one micro-batch per mini-batch "
+                    f"({mb}): the noise scale needs two or more")
+  if c.optim.lr <= 0:
+    errors.append(f"critic.optim.lr={c.optim.lr} must be a positive number")
+  if c.optim.lr_scaling not in optim.RULES:
+    errors.append(f"critic.optim.lr_scaling={c.optim.lr_scaling!r}; known: {optim.RULES}")
+
+
 def validate(cfg: ml_collections.ConfigDict) -> None:
   """Raise ConfigError listing every problem found in `cfg`."""
   errors: list[str] = []
@@ -88,7 +119,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     _divides(errors, "sft.microbatch", cfg.sft.microbatch, "sft.batch_size", cfg.sft.batch_size)
     if cfg.sft.microbatch > 0 and cfg.sft.microbatch % shards:
       errors.append(f"sft.microbatch={cfg.sft.microbatch} must split over {shards} batch shards")
-  elif cfg.kind == "grpo":
+  elif cfg.kind in ("grpo", "ppo"):
     r, ro = cfg.rl, cfg.rollout
     _positive(errors, cfg, "rl", "num_prompts", "group_size", "num_minibatches", "num_epochs",
               "microbatch")
@@ -122,10 +153,14 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
       errors.append(f"noise.decay={cfg.noise.decay} must be in (0, 1)")
     if not cfg.target.metric:
       errors.append("target.metric is empty")
-    if r.group_size < 2 and r.advantage in ("grpo", "rloo"):
-      errors.append(f"rl.group_size={r.group_size}: advantage {r.advantage!r} needs groups of 2+")
-    for name, table, value in (("rl.advantage", ADVANTAGES, r.advantage),
-                               ("rl.loss_aggregation", AGGREGATIONS, r.loss_aggregation),
+    if cfg.kind == "grpo":
+      if r.group_size < 2 and r.advantage in ("grpo", "rloo"):
+        errors.append(f"rl.group_size={r.group_size}: advantage {r.advantage!r} needs groups of 2+")
+      if r.advantage not in ADVANTAGES:
+        errors.append(f"rl.advantage={r.advantage!r}; known: {sorted(ADVANTAGES)}")
+    else:
+      _ppo(errors, cfg, shards)
+    for name, table, value in (("rl.loss_aggregation", AGGREGATIONS, r.loss_aggregation),
                                ("rl.kl_estimator", KL_ESTIMATORS, r.kl_estimator)):
       if value not in table:
         errors.append(f"{name}={value!r}; known: {sorted(table)}")
@@ -141,6 +176,6 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     if not 0 < ro.top_p <= 1 or ro.top_k < 0:
       errors.append(f"rollout.top_p={ro.top_p} must be in (0, 1], rollout.top_k={ro.top_k} >= 0")
   else:
-    errors.append(f"kind={cfg.kind!r}; known: sft, grpo")
+    errors.append(f"kind={cfg.kind!r}; known: sft, grpo, ppo")
   if errors:
     raise ConfigError("invalid config:\n  " + "\n  ".join(errors))

@@ -21,20 +21,16 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
 from flax import nnx
 
-from rlscale import distributed, experiment, flops, optim, rollout, sharding
+from rlscale import distributed, experiment, flops, rollout
 from rlscale.checkpointing import Checkpointer
 from rlscale.checkpoints import hf
 from rlscale.evaluation import Evaluator
 from rlscale.metrics_writer import MetricsWriter, Progress, write_json
-from rlscale.rl import grpo, noise_scale
-from rlscale.rl.advantages import ADVANTAGES
-from rlscale.rl.update import TrainState, make_update
 from rlscale.sampling import Sampler, SamplingParams, generate
 
 
@@ -97,17 +93,29 @@ class Pending:
   """A dispatched update whose metrics are not yet on the host.
 
   Step N lasts from the end of step N-1's bookkeeping to the end of its own; its phases
-  (generate, reward, logprobs, update, eval, checkpoint) lie inside that span and `other` is
-  the remainder.
+  (generate, reward, logprobs, critic_update, actor_update, eval, checkpoint) lie inside that
+  span and `other` is the remainder.
   """
   step: int
-  metrics: dict[str, jax.Array]
+  metrics: dict[str, dict[str, jax.Array]]  # per trained model
   host: dict[str, Any]  # metrics known on the host already
-  flops: dict[str, float]  # model FLOPs of the step's generation and update
-  by_group: bool  # the update shuffled by whole groups (prompt-level noise scale)
+  flops: dict[str, float]  # model FLOPs of the step's phases
+  by_group: bool  # the updates shuffled by whole groups (prompt-level noise scale)
   t_start: float
-  t_update: float  # when the update was dispatched
+  t_update: float  # when the updates were dispatched
   phases: dict[str, float]
+
+
+def make_algorithm(cfg, env, graphdef, params, total_responses: int, base: str):
+  if cfg.kind == "grpo":
+    from rlscale.rl.grpo import GRPO
+    return GRPO(cfg, env, graphdef, params, total_responses)
+  from rlscale import models
+  from rlscale.rl.ppo import PPO
+  critic, _ = hf.load_model(cfg.critic.hf_checkpoint or base, models.ValueModel, env.mesh,
+                            env.rules, key=jax.random.key(cfg.seed + 1), dtype=cfg.model.dtype,
+                            param_dtype=cfg.model.param_dtype)
+  return PPO(cfg, env, graphdef, params, total_responses, critic)
 
 
 def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = None) -> dict:
@@ -121,39 +129,20 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = 
   graphdef, params = nnx.split(policy)
   steps = num_steps(cfg)
   B = r.num_prompts * r.group_size  # responses per RL step
-  opt_batch = B // r.num_minibatches  # responses per optimizer step
-  optimizer, scaled = optim.make(cfg.optim, batch=opt_batch, total_responses=steps * B,
-                                 responses_per_step=opt_batch / r.num_epochs)
-  logging.info("optimizer: %d responses per step, k=%.3g of the reference batch: lr %.3g, "
-               "b1 %.4g, b2 %.4g, eps %.3g", opt_batch, scaled.k, scaled.lr, scaled.b1,
-               scaled.b2, scaled.eps)
-  state = TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32))
-  ref_params = jax.tree.map(jnp.copy, params) if r.kl_coef else None
+  algo = make_algorithm(cfg, env, graphdef, params, steps * B, base)
+  actor = algo.models["actor"]
 
   tok = task.tokenizer
   sampler = Sampler(graphdef, SamplingParams(
       max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_k=ro.top_k,
       top_p=ro.top_p, eos_ids=tok.eos_ids, pad_id=tok.pad_id, decode_chunk=ro.decode_chunk),
       mesh, rules)
-  update = make_update(graphdef, optimizer, grpo.make_loss(r), num_minibatches=r.num_minibatches,
-                       num_epochs=r.num_epochs, microbatch=r.microbatch,
-                       aggregation=r.loss_aggregation, max_len=ro.max_new_tokens, mesh=mesh,
-                       rules=rules, group_size=r.group_size, measure_noise=cfg.noise.enabled)
   evaluator = Evaluator(task, graphdef, mesh, rules, max_new_tokens=ro.max_new_tokens,
                         generation_batch=cfg.eval.generation_batch, decode_chunk=ro.decode_chunk,
                         sampled=cfg.eval.sampled)
-  # Noise scale of the actor, in responses (micro-batches of random responses) and in prompts
-  # (micro-batches of whole groups, on alternate steps when micro-batches can hold whole groups).
-  measure_noise = cfg.noise.enabled and opt_batch // r.microbatch >= 2
-  prompt_level = measure_noise and cfg.noise.prompt_level and r.microbatch % r.group_size == 0
-  noise = {"responses": noise_scale.NoiseScale("actor/noise_responses", cfg.noise.decay),
-           "prompts": noise_scale.NoiseScale("actor/noise_prompts", cfg.noise.decay)}
+  prompt_level = any(m.prompt_level for m in algo.models.values())
   peak = flops.peak(cfg.train.peak_flops, jax.devices()[0].device_kind)
-
-  @jax.jit
-  def logprobs(params, tokens, mask):
-    with sharding.activation_sharding(mesh, rules):
-      return nnx.merge(graphdef, params).token_logprobs(tokens, mask, task.max_prompt_len)
+  epochs = {"actor": r.num_epochs, "critic": cfg.critic.num_epochs if "critic" in cfg else 0}
 
   key = jax.random.key(cfg.seed)
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), cfg.train.keep_checkpoints,
@@ -161,11 +150,12 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = 
   counters: dict[str, Any] = {"step": 0, "responses_seen": 0, "tokens_seen": 0,
                               "data_position": 0, "wall_time": 0.0, "seed": cfg.seed}
   start = ckpt.latest_step() or 0
-  state = update.place(state)
   if start:
-    state, counters = ckpt.restore(start, state)
-    for unit, s in counters.get("noise", {}).items():
-      noise[unit].load(s)
+    states, counters = ckpt.restore(start, {n: m.state for n, m in algo.models.items()})
+    for n, m in algo.models.items():
+      m.state = states[n]
+      m.load_noise_state(counters.get("noise", {}).get(n, {}))
+    algo.steps_done = start
     logging.info("resumed from the checkpoint of step %d in %s", start, workdir)
   writer = MetricsWriter(workdir, resume_step=start, tensorboard=cfg.train.tensorboard)
   progress = Progress(steps, cfg.train.log_every, start)
@@ -191,38 +181,35 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = 
         logging.info("target %s >= %s reached at %d responses, %.1f s", tgt.metric, tgt.value,
                      counters["responses_seen"], counters["wall_time"])
 
+  def stop_now() -> bool:
+    return bool(tgt.stop and "responses_to_target" in counters)
+
   def finalize(p: Pending) -> None:
     nonlocal last_eval, t_prev_end
     metrics = jax.device_get(p.metrics)
     now = time.time()
-    p.phases["update"] = now - p.t_update
-    bad = [k for k, v in metrics.items() if not np.isfinite(v)]
+    p.phases["actor_update"] = now - p.t_update - p.phases.get("critic_update", 0.0)
+    bad = [f"{n}/{k}={v}" for n, m in metrics.items() for k, v in m.items() if not np.isfinite(v)]
     if bad:
       raise NonFiniteError(
-          f"step {p.step}: non-finite {', '.join(f'{k}={metrics[k]}' for k in bad)}; stopping. "
+          f"step {p.step}: non-finite {', '.join(bad)}; stopping. "
           f"The last checkpoint (step {ckpt.latest_step()}) in {workdir} is intact.")
     counters.update(step=p.step, wall_time=now - t_run)
-    out = {f"actor/{k}": v for k, v in metrics.items() if not k.startswith("noise/")}
-    if "noise/grad_sq_small" in metrics:
-      unit, per = ("prompts", r.group_size) if p.by_group else ("responses", 1)
-      g2, trace = noise_scale.estimates(metrics["noise/grad_sq_small"],
-                                        metrics["noise/grad_sq_big"],
-                                        r.microbatch / per, opt_batch / per)
-      out.update(noise[unit].update(g2, trace))
-    counters["noise"] = {u: n.state() for u, n in noise.items()}
+    out = {}
+    for n, m in metrics.items():
+      out.update(algo.models[n].read(m, p.by_group))
+    counters["noise"] = {n: m.noise_state() for n, m in algo.models.items()}
     out.update(p.host)
-    for name, value in optim.hyperparams(state.opt_state).items():  # lr, b1, b2, eps in effect
-      out[f"actor/{'lr' if name == 'learning_rate' else name}"] = float(value)
     if eval_due(p.step):
       t = time.time()
-      last_eval = evaluator(state.params, jax.random.fold_in(key, 2 * 10**6 + p.step))
+      last_eval = evaluator(actor.params, jax.random.fold_in(key, 2 * 10**6 + p.step))
       p.phases["eval"] = time.time() - t
       out.update(last_eval)
       counters["wall_time"] = time.time() - t_run
       check_target(last_eval)
     if due(cfg.train.checkpoint_every, p.step) or stop_now():
       t = time.time()
-      ckpt.save(p.step, state, dict(counters))
+      ckpt.save(p.step, {n: m.state for n, m in algo.models.items()}, dict(counters))
       p.phases["checkpoint"] = time.time() - t
     t_prev_end = time.time()
     counters["wall_time"] = t_prev_end - t_run
@@ -230,14 +217,14 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = 
     out.update({f"time/{k}": v for k, v in p.phases.items()})
     out["time/other"] = wall - sum(p.phases.values())
     out["time/step"] = wall
-    gen_s, upd_s = p.phases["generate"], p.phases["update"]
-    out["throughput/gen_tokens_per_s"] = p.host["response_tokens"] / gen_s
-    out["throughput/train_tokens_per_s"] = p.host["train_tokens"] * r.num_epochs / upd_s
+    out["throughput/gen_tokens_per_s"] = p.host["response_tokens"] / p.phases["generate"]
+    update_s = p.phases["actor_update"] + p.phases.get("critic_update", 0.0)
+    out["throughput/train_tokens_per_s"] = p.host["train_tokens"] * r.num_epochs / update_s
     out["throughput/responses_per_s"] = B / wall
     if peak:
       devices = peak * jax.device_count()
-      out["mfu/generate"] = p.flops["generate"] / gen_s / devices
-      out["mfu/update"] = p.flops["update"] / upd_s / devices
+      out["mfu/generate"] = p.flops["generate"] / p.phases["generate"] / devices
+      out["mfu/update"] = p.flops["update"] / update_s / devices
       out["mfu/step"] = sum(p.flops.values()) / wall / devices
     out.update(responses_seen=counters["responses_seen"], tokens_seen=counters["tokens_seen"],
                wall_time=counters["wall_time"])
@@ -246,12 +233,9 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = 
                              "reward": float(p.host["reward/mean"]),
                              "eval acc": last_eval.get("eval/accuracy_greedy")})
 
-  def stop_now() -> bool:
-    return bool(tgt.stop and "responses_to_target" in counters)
-
   if start == 0:  # the base policy's held-out accuracy: the point every curve starts from
     t = time.time()
-    last_eval = evaluator(state.params, jax.random.fold_in(key, 2 * 10**6))
+    last_eval = evaluator(actor.params, jax.random.fold_in(key, 2 * 10**6))
     writer.write(0, {**last_eval, "responses_seen": 0, "tokens_seen": 0, "wall_time": 0.0,
                      "time/eval": time.time() - t})
     logging.info("base policy: %s", {k: round(float(v), 4) for k, v in last_eval.items()})
@@ -269,7 +253,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = 
       ptoks, pmask = rollout.prompts(task, problems, r.group_size)
       step_key = jax.random.fold_in(key, step)
       t_dispatch = time.time()
-      out = generate(sampler, state.params, ptoks, pmask, jax.random.fold_in(step_key, 0),
+      out = generate(sampler, actor.params, ptoks, pmask, jax.random.fold_in(step_key, 0),
                      ro.generation_batch)
       if pending is not None:  # step N's metrics, fetched while step N+1 decodes
         finalize(pending)
@@ -280,31 +264,20 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = 
       t = time.time()
       repeated = [p for p in problems for _ in range(r.group_size)]
       rewards, correct, finished = rollout.score(task, repeated, toks, rmask, tok.eos_ids)
-      adv = np.asarray(ADVANTAGES.get(r.advantage)(
-          jnp.asarray(rewards.reshape(-1, r.group_size)))).reshape(-1).astype(np.float32)
       phases["reward"] = time.time() - t
-      t = time.time()
-      batch = rollout.sequence_batch(ptoks, pmask, out, {"advantages": adv}, mesh, rules)
-      old = out.logprobs
-      if r.old_logprobs == "recompute":
-        old = logprobs(state.params, batch.tokens, batch.mask)
-      batch.extras["old_logp"] = old
-      if ref_params is not None:
-        batch.extras["ref_logp"] = logprobs(ref_params, batch.tokens, batch.mask)
-      recomputed = (r.old_logprobs == "recompute") + (ref_params is not None)
-      if recomputed:
-        jax.block_until_ready(batch.extras)
-        phases["logprobs"] = time.time() - t
+      batch = rollout.sequence_batch(ptoks, pmask, out, {}, mesh, rules)
+      more_phases, host = algo.prepare(batch, out, rewards)
+      phases.update(more_phases)
       plen, rlen = pmask.sum(axis=1), rmask.sum(axis=1)
+      fwd = flops.train_flops(model_cfg, plen + rlen) / 3  # one forward over the batch
       step_flops = {"generate": _global_sum(flops.rollout_flops(model_cfg, plen, rlen)),
-                    "update": _global_sum(r.num_epochs * flops.train_flops(model_cfg, plen + rlen))}
-      if recomputed:
-        step_flops["logprobs"] = recomputed * step_flops["update"] / (3 * r.num_epochs)
+                    "update": _global_sum(3 * fwd * sum(epochs[n] for n in algo.models)),
+                    "logprobs": _global_sum(fwd * algo.recomputed_forwards())}
       counters["responses_seen"] += B
       counters["tokens_seen"] += int(_global_sum(rlen.sum()))
       counters["data_position"] = pos + r.num_prompts
       group_rewards = rewards.reshape(-1, r.group_size)
-      host = {
+      host.update({
           "reward/mean": _global_mean(rewards), "reward/std": float(np.std(rewards)),
           "reward/accuracy": _global_mean(correct), "reward/finished": _global_mean(finished),
           "reward/solved_groups": _global_mean(group_rewards.min(axis=1) > 0),
@@ -312,10 +285,11 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = 
           "response/length_mean": _global_mean(rlen), "response/length_max": int(rlen.max()),
           "response_tokens": int(_global_sum(rlen.sum())),
           "train_tokens": int(_global_sum(rlen.sum() + plen.sum())),
-      }
+      })
       by_group = prompt_level and step % 2 == 0
       t_update = time.time()
-      state, metrics = update(state, batch, jax.random.fold_in(step_key, 1), by_group)
+      update_phases, metrics = algo.update(batch, jax.random.fold_in(step_key, 1), by_group)
+      phases.update(update_phases)
       pending = Pending(step, metrics, host, step_flops, by_group, t_start, t_update, phases)
       if eval_due(step) or due(cfg.train.checkpoint_every, step):
         finalize(pending)  # evaluation and checkpoints need this step's parameters now
@@ -326,10 +300,10 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = 
     # An interrupted run (an exception, Ctrl-C, SIGTERM) still completes the saves it began.
     ckpt.close()
     writer.close()
-  final = nnx.merge(graphdef, state.params)
-  hf.save_policy(final, os.path.join(workdir, "policy"))
+  hf.save_policy(nnx.merge(graphdef, actor.params), os.path.join(workdir, "policy"))
   summary = summarize(cfg, workdir, counters, last_eval, B)
-  summary["compilations"] = {"update": update.traces, "sampler": sampler.traces}
+  summary["compilations"] = {**{n: m.update.traces for n, m in algo.models.items()},
+                             "sampler": sampler.traces}
   write_json(os.path.join(workdir, "summary.json"), summary)
   logging.info("done: %s", {k: (round(v, 4) if isinstance(v, float) else v)
                             for k, v in summary.items() if k != "noise"})
@@ -356,11 +330,14 @@ def summarize(cfg, workdir: str, counters: dict, last_eval: dict, per_step: int)
     out["responses_per_s"] = counters["responses_seen"] / counters["wall_time"]
   for k in ("throughput/gen_tokens_per_s", "throughput/train_tokens_per_s",
             "throughput/responses_per_s", "mfu/step", "time/step", "time/generate",
-            "time/update", "time/reward", "time/eval", "time/other"):
+            "time/reward", "time/logprobs", "time/critic_update", "time/actor_update",
+            "time/eval", "time/other", "critic/explained_variance"):
     v = mean(k)
     if v is not None and np.isfinite(v):
       out[f"mean/{k}"] = v
-  for k in ("actor/noise_responses/b_simple", "actor/noise_prompts/b_simple"):
+  for k in ("actor/noise_responses/b_simple", "actor/noise_prompts/b_simple",
+            "critic/noise_responses/b_simple", "critic/noise_prompts/b_simple",
+            "critic/explained_variance"):
     last = [row[k] for row in steps if k in row]
     if last:
       out[f"final/{k}"] = last[-1]

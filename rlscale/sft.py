@@ -21,7 +21,8 @@ from rlscale.checkpointing import Checkpointer
 from rlscale.checkpoints import hf
 from rlscale.evaluation import Evaluator
 from rlscale.metrics_writer import MetricsWriter, Progress, write_json
-from rlscale.rl.update import SequenceBatch, TokenInputs, TrainState, make_update
+from rlscale.rl.losses import entropy
+from rlscale.rl.update import SequenceBatch, TokenInputs, TrainState, make_update, policy_forward
 from rlscale.tasks.base import left_pad, right_pad
 
 DONE = "COMPLETE"  # marker file written last into a finished policy folder
@@ -29,7 +30,7 @@ DONE = "COMPLETE"  # marker file written last into a finished policy folder
 
 def nll_loss(inputs: TokenInputs):
   """Cross-entropy of the demonstration tokens."""
-  return -inputs.logp, {"nll": -inputs.logp}
+  return -inputs.logp, {"nll": -inputs.logp, "entropy": entropy(inputs.logits)}
 
 
 def demonstrations(task, problems):
@@ -55,7 +56,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   optimizer, _ = optim.make(cfg.optim, batch=s.batch_size, total_responses=steps * s.batch_size,
                             responses_per_step=s.batch_size)
   state = TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32))
-  update = make_update(graphdef, optimizer, nll_loss, num_minibatches=1, num_epochs=1,
+  update = make_update(policy_forward(graphdef), optimizer, nll_loss, num_minibatches=1, num_epochs=1,
                        microbatch=s.microbatch, aggregation="token-mean",
                        max_len=task.max_answer_len, mesh=mesh, rules=rules, shuffle=False)
   evaluator = Evaluator(task, graphdef, mesh, rules, max_new_tokens=task.max_answer_len,

@@ -24,7 +24,7 @@ def main(cfg: ml_collections.ConfigDict, workdir: str | None = None,
   if cfg.kind == "sft":
     from rlscale import sft
     return sft.run(cfg, workdir)
-  if cfg.kind == "grpo":
+  if cfg.kind in ("grpo", "ppo"):
     from rlscale import rl_loop
     return rl_loop.run(cfg, workdir, config_file)
-  raise ValueError(f"kind={cfg.kind!r}; known: sft, grpo")
+  raise ValueError(f"kind={cfg.kind!r}; known: sft, grpo, ppo")

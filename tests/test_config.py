@@ -16,7 +16,7 @@ def _cfg(name="grpo.py", arg=None):
   return rl_loop.load_config_file(os.path.join(REPO, "configs", name + (f":{arg}" if arg else "")))
 
 
-@pytest.mark.parametrize("name", ["grpo.py", "sft.py"])
+@pytest.mark.parametrize("name", ["grpo.py", "sft.py", "ppo.py"])
 @pytest.mark.parametrize("arg", [None, "tiny"])
 def test_shipped_configs_are_valid(name, arg):
   validate(_cfg(name, arg))  # on the 8 simulated devices of the test run
@@ -24,7 +24,7 @@ def test_shipped_configs_are_valid(name, arg):
 
 def test_every_field_has_a_comment():
   """Each field an experiment file sets (before its variants) says what it is for."""
-  for name in ("grpo.py", "sft.py"):
+  for name in ("grpo.py", "sft.py", "ppo.py"):
     with open(os.path.join(REPO, "configs", name)) as f:
       body = f.read().split("  if arg")[0]
     for line in body.splitlines():
@@ -58,6 +58,23 @@ def test_every_field_has_a_comment():
 ])
 def test_bad_values_are_named(field, value, message):
   cfg = _cfg()
+  section, name = field.split(".")
+  with cfg.unlocked():
+    cfg[section][name] = value
+  with pytest.raises(ConfigError) as e:
+    validate(cfg)
+  assert message in str(e.value)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("critic.microbatch", 96, "critic.microbatch=96 does not divide the critic's mini-batch"),
+    ("critic.num_minibatches", 3, "critic.num_minibatches=3 does not divide"),
+    ("rl.gamma", 1.5, "rl.gamma=1.5 must be in [0, 1]"),
+    ("rl.dual_clip", 0.5, "rl.dual_clip=0.5 must be > 1"),
+    ("rl.prox_com", -1.0, "rl.prox_com=-1.0"),
+])
+def test_bad_ppo_values_are_named(field, value, message):
+  cfg = _cfg("ppo.py")
   section, name = field.split(".")
   with cfg.unlocked():
     cfg[section][name] = value

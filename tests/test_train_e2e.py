@@ -50,7 +50,7 @@ def test_grpo_tiny_end_to_end(tmp_path):
     for key in ("reward/mean", "reward/std", "reward/accuracy", "response/length_mean",
                 "actor/entropy", "actor/clip_frac", "actor/grad_norm", "actor/grad_norm_max",
                 "actor/lr", "actor/b1", "actor/b2", "actor/eps", "tokens_seen",
-                "time/generate", "time/reward", "time/update", "time/other", "wall_time",
+                "time/generate", "time/reward", "time/actor_update", "time/other", "wall_time",
                 "throughput/gen_tokens_per_s", "throughput/train_tokens_per_s",
                 "throughput/responses_per_s"):
       assert key in r and np.isfinite(r[key]), key
@@ -61,7 +61,7 @@ def test_grpo_tiny_end_to_end(tmp_path):
     assert abs(phases - r["time/step"]) < 1e-6  # the phases add up to the step
   for step in (2, 4):
     assert "eval/accuracy_sampled" in rows[step]
-  assert summary["compilations"] == {"update": 1, "sampler": 1}
+  assert summary["compilations"] == {"actor": 1, "sampler": 1}
   assert summary["target"]["metric"] == "eval/accuracy_greedy"
   assert "responses_to_target" in summary and "mean/throughput/responses_per_s" in summary
   assert summary["responses_seen"] == 4 * p * g
@@ -95,7 +95,8 @@ def test_resume_after_a_kill_matches_an_uninterrupted_run(tmp_path, monkeypatch)
   cfg = _config(tmp_path)
   train.main(cfg, str(tmp_path / "straight"))
 
-  real_make_update = rl_loop.make_update
+  from rlscale.rl import trained
+  real_make_update = trained.make_update
 
   def dies_in_step_3(*args, **kw):  # after the checkpoint of step 2, before step 3's update
     update = real_make_update(*args, **kw)
@@ -108,10 +109,10 @@ def test_resume_after_a_kill_matches_an_uninterrupted_run(tmp_path, monkeypatch)
     update_or_die.place = update.place
     return update_or_die
 
-  monkeypatch.setattr(rl_loop, "make_update", dies_in_step_3)
+  monkeypatch.setattr(trained, "make_update", dies_in_step_3)
   with pytest.raises(KeyboardInterrupt):
     train.main(_config(tmp_path), str(tmp_path / "resumed"))
-  monkeypatch.setattr(rl_loop, "make_update", real_make_update)
+  monkeypatch.setattr(trained, "make_update", real_make_update)
   assert Checkpointer(str(tmp_path / "resumed" / "checkpoints")).latest_step() == 2
   train.main(_config(tmp_path), str(tmp_path / "resumed"))  # the same command again
 
@@ -126,7 +127,8 @@ def test_resume_after_a_kill_matches_an_uninterrupted_run(tmp_path, monkeypatch)
 
 @pytest.mark.slow
 def test_nan_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
-  real = rl_loop.grpo.make_loss
+  from rlscale.rl import grpo
+  real = grpo.make_loss
 
   def poisoned(rl):
     loss = real(rl)
@@ -138,9 +140,10 @@ def test_nan_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
 
   cfg = _config(tmp_path)
   train.main(cfg, str(tmp_path / "run"))  # a healthy run: checkpoints at 2 and 4
-  monkeypatch.setattr(rl_loop.grpo, "make_loss", poisoned)
+  monkeypatch.setattr(grpo, "make_loss", poisoned)
   cfg = _config(tmp_path, **{"train.num_steps": 6})
-  with pytest.raises(rl_loop.NonFiniteError, match=r"step 5: non-finite .*loss.*step 4\) .* intact"):
+  with pytest.raises(rl_loop.NonFiniteError,
+                     match=r"step 5: non-finite .*actor/loss.*step 4\) .* intact"):
     train.main(cfg, str(tmp_path / "run"))
   ckpt = Checkpointer(str(tmp_path / "run" / "checkpoints"))
   assert ckpt.latest_step() == 4

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 from typing import Any, Callable, Iterator
 
 import jax
@@ -185,33 +186,51 @@ def _path(p: tuple) -> tuple:
   return tuple(k if isinstance(k, str) else int(k) for k in p)
 
 
+_NOT_IN_HF = ("value_head", "value_bias")  # the critic's head: initialized, not loaded
+
+
 def load_policy(folder: str, mesh: Mesh, rules: sharding.Rules, **overrides):
   """(CausalLM with sharded parameters, its ModelConfig) from a Hugging Face checkpoint folder.
 
   `overrides` set ModelConfig fields that are ours to choose (dtype, param_dtype).
   """
+  return load_model(folder, CausalLM, mesh, rules, **overrides)
+
+
+def load_model(folder: str, model_cls, mesh: Mesh, rules: sharding.Rules,
+               key: jax.Array | None = None, **overrides):
+  """`model_cls` (CausalLM or ValueModel) with its backbone from a Hugging Face folder.
+
+  Tensors are read one at a time and each device receives only its shard. Parameters the
+  checkpoint does not have (a critic's value head) are initialized from `key`.
+  """
   cfg = config_from_hf(read_config(folder), **overrides)
   tensors = safetensors_io.SafetensorsFolder(folder)
-
-  def get(name: str) -> np.ndarray:
-    return tensors.get(name)
-
-  graphdef, abs_state = abstract_model(CausalLM, cfg)
+  graphdef, abs_state = abstract_model(model_cls, cfg)
   shardings = sharding.state_shardings(abs_state, mesh, rules)
   flat_abs = dict(nnx.to_flat_state(abs_state))
   flat_sh = dict(nnx.to_flat_state(shardings))
+  fresh = [p for p in flat_abs if p[0] in _NOT_IN_HF]
   leaves = {}
+  if fresh:
+    @partial(jax.jit, out_shardings=[flat_sh[p].get_value() for p in fresh])
+    def init(key):
+      state = dict(nnx.to_flat_state(nnx.state(model_cls(cfg, rngs=nnx.Rngs(params=key)))))
+      return [state[p].get_value() for p in fresh]
+    for p, value in zip(fresh, init(jax.random.key(0) if key is None else key)):
+      leaves[p] = flat_abs[p].replace(value)
   for path, var in flat_abs.items():
+    if path in leaves:
+      continue
     want = var.get_value()
-    host = _from_hf(cfg, _path(path), get)
+    host = _from_hf(cfg, _path(path), tensors.get)
     if host.shape != want.shape:
       raise CheckpointError(f"{folder}: {'/'.join(map(str, path))} built from the checkpoint has "
                             f"shape {host.shape}, config.json implies {want.shape}")
     host = np.asarray(host, dtype=want.dtype)
     arr = jax.make_array_from_callback(want.shape, flat_sh[path].get_value(), lambda idx: host[idx])
     leaves[path] = var.replace(arr)
-  state = nnx.from_flat_state(leaves)
-  return nnx.merge(graphdef, state), cfg
+  return nnx.merge(graphdef, nnx.from_flat_state(leaves)), cfg
 
 
 def _to_host(x: jax.Array) -> np.ndarray:

@@ -1,11 +1,15 @@
-"""GRPO's per-token loss: clipped surrogate, optional KL to a reference, optional entropy bonus."""
+"""GRPO: group-relative advantages and the per-token loss (clipped surrogate, optional KL to a
+frozen reference, optional entropy bonus)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any, Mapping
 
+import jax
 import jax.numpy as jnp
 
+from rlscale.rl.advantages import ADVANTAGES
 from rlscale.rl.losses import KL_ESTIMATORS, clipped_surrogate, entropy
 from rlscale.rl.update import TokenInputs
 
@@ -21,16 +25,71 @@ def make_loss(rl: Mapping[str, Any]):
     old = inp.extras["old_logp"]
     pg, clipped = clipped_surrogate(inp.logp, old, adv, eps_low, eps_high)
     log_ratio = inp.logp - old
+    ent = entropy(inp.logits)
     metrics = {"pg_loss": pg, "clip_frac": clipped.astype(jnp.float32),
                "approx_kl": 0.5 * jnp.square(log_ratio),  # k2 of the behaviour policy
-               "ratio": jnp.exp(log_ratio)}
+               "ratio": jnp.exp(log_ratio), "entropy": ent}
     total = pg
     if kl_coef:
       kl = kl_fn(inp.logp, inp.extras["ref_logp"])
       total = total + kl_coef * kl
       metrics["kl"] = kl
     if ent_coef:
-      total = total - ent_coef * entropy(inp.logits)
+      total = total - ent_coef * ent
     return total, metrics
 
   return loss
+
+
+class GRPO:
+  """Group-relative advantages on the host, one actor update per step."""
+
+  def __init__(self, cfg, env, graphdef, params, total_responses: int):
+    from rlscale.rl.trained import Trained
+    from rlscale.rl.update import policy_forward
+    r = cfg.rl
+    self.cfg = cfg
+    self.actor = Trained("actor", policy_forward(graphdef), make_loss(r), params, cfg.optim,
+                         responses_per_step=r.num_prompts * r.group_size,
+                         num_minibatches=r.num_minibatches, num_epochs=r.num_epochs,
+                         microbatch=r.microbatch, group_size=r.group_size,
+                         total_responses=total_responses, aggregation=r.loss_aggregation,
+                         max_len=cfg.rollout.max_new_tokens, mesh=env.mesh, rules=env.rules,
+                         noise_cfg=cfg.noise)
+    self.models = {"actor": self.actor}
+    self.ref_params = jax.tree.map(jnp.copy, params) if r.kl_coef else None
+    self.logprobs = token_logprobs_fn(graphdef, env)
+
+  def prepare(self, batch, out, rewards) -> tuple[dict[str, float], dict[str, float]]:
+    """Fill the batch's extras; returns (phase seconds, host metrics)."""
+    r = self.cfg.rl
+    adv = ADVANTAGES.get(r.advantage)(jnp.asarray(rewards.reshape(-1, r.group_size)))
+    batch.extras["advantages"] = jnp.asarray(adv).reshape(-1)
+    t = time.time()
+    batch.extras["old_logp"] = (self.logprobs(self.actor.params, batch.tokens, batch.mask)
+                                if r.old_logprobs == "recompute" else out.logprobs)
+    if self.ref_params is not None:
+      batch.extras["ref_logp"] = self.logprobs(self.ref_params, batch.tokens, batch.mask)
+    if r.old_logprobs == "recompute" or self.ref_params is not None:
+      jax.block_until_ready(batch.extras)
+      return {"logprobs": time.time() - t}, {}
+    return {}, {}
+
+  def update(self, batch, key, by_group: bool):
+    return {}, {"actor": self.actor.step(batch, key, by_group)}
+
+  def recomputed_forwards(self) -> int:
+    return (self.cfg.rl.old_logprobs == "recompute") + (self.ref_params is not None)
+
+
+def token_logprobs_fn(graphdef, env):
+  """Jitted log-probs of the response tokens under given parameters."""
+  from flax import nnx
+  from rlscale import sharding
+
+  @jax.jit
+  def logprobs(params, tokens, mask):
+    with sharding.activation_sharding(env.mesh, env.rules):
+      return nnx.merge(graphdef, params).token_logprobs(tokens, mask, env.task.max_prompt_len)
+
+  return logprobs

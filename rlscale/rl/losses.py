@@ -38,6 +38,37 @@ def clipped_surrogate(logp, old_logp, adv, eps_low: float, eps_high: float,
   return loss, clipped
 
 
+def decoupled_surrogate(logp, behav_logp, prox_logp, adv, eps_low: float, eps_high: float,
+                        dual_clip: float | None = None):
+  """Batch-size-invariant PPO (Hilton, Cobbe, Schulman 2021): the ratio pi / pi_prox is clipped
+  around a proximal policy, and pi_prox / pi_behav re-weights the behaviour policy's samples.
+  With pi_prox = pi_behav this is `clipped_surrogate`."""
+  weight = jnp.exp(jax.lax.stop_gradient(prox_logp - behav_logp))
+  loss, clipped = clipped_surrogate(logp, jax.lax.stop_gradient(prox_logp), adv, eps_low, eps_high,
+                                    dual_clip)
+  return weight * loss, clipped
+
+
+def clipped_value_loss(values, old_values, returns, clip: float):
+  """0.5 max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2), per token, and where the
+  clipped term won. clip <= 0 turns clipping off."""
+  unclipped = jnp.square(values - returns)
+  if clip <= 0:
+    return 0.5 * unclipped, jnp.zeros_like(unclipped, bool)
+  clipped_sq = jnp.square(old_values + jnp.clip(values - old_values, -clip, clip) - returns)
+  return 0.5 * jnp.maximum(unclipped, clipped_sq), clipped_sq > unclipped
+
+
+def explained_variance(values, returns, mask):
+  """1 - Var(R - V) / Var(R) over the valid tokens: 1 is a perfect critic, 0 a constant one."""
+  m = mask.astype(jnp.float32)
+  n = jnp.maximum(jnp.sum(m), 1.0)
+  def var(x):
+    mean = jnp.sum(x * m) / n
+    return jnp.sum(jnp.square(x - mean) * m) / n
+  return 1.0 - var(returns - values) / jnp.maximum(var(returns), 1e-8)
+
+
 @KL_ESTIMATORS.register("k1")
 def kl_k1(logp, ref_logp):
   """log pi - log pi_ref (Schulman's k1: unbiased, can be negative)."""

@@ -58,11 +58,23 @@ class NoiseScale:
     self.g2, self.trace = EMA(decay), EMA(decay)
 
   def update(self, g2_est: float, trace_est: float) -> dict[str, float]:
-    g2, trace = self.g2.update(g2_est), self.trace.update(trace_est)
-    p = self.prefix
-    return {f"{p}/grad_sq_est": float(g2_est), f"{p}/trace_est": float(trace_est),
-            f"{p}/grad_sq_ema": g2, f"{p}/trace_ema": trace,
-            f"{p}/b_simple": trace / g2 if g2 > 0 else float("inf")}
+    """Fold in a step's raw estimates; the metrics of this step."""
+    self.g2.update(g2_est)
+    self.trace.update(trace_est)
+    return {f"{self.prefix}/grad_sq_est": float(g2_est),
+            f"{self.prefix}/trace_est": float(trace_est), **self.current()}
+
+  def current(self) -> dict[str, float]:
+    """The smoothed values and B_simple as they stand (empty before the first estimate).
+
+    B_simple is inf while the smoothed |G|^2 is not positive: the gradient is still lost in
+    its noise (or the estimates are too few to tell).
+    """
+    if not self.g2.count:
+      return {}
+    g2, trace = self.g2.get(), self.trace.get()
+    return {f"{self.prefix}/grad_sq_ema": g2, f"{self.prefix}/trace_ema": trace,
+            f"{self.prefix}/b_simple": trace / g2 if g2 > 0 else float("inf")}
 
   def state(self) -> dict[str, Any]:
     return {"g2": [self.g2.value, self.g2.count], "trace": [self.trace.value, self.trace.count]}

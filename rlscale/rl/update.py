@@ -23,13 +23,14 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rlscale import sharding
-from rlscale.rl.losses import entropy, token_weights
+from rlscale.rl.losses import token_weights
 
 
 class TrainState(NamedTuple):
   params: nnx.State
   opt_state: Any
   step: jax.Array  # optimizer steps taken
+  prox: Any = None  # an EWMA of `params` (batch-size-invariant PPO's proximal policy), or None
 
 
 class SequenceBatch(NamedTuple):
@@ -41,15 +42,52 @@ class SequenceBatch(NamedTuple):
 
 
 class TokenInputs(NamedTuple):
-  """What a per-token loss sees for one micro-batch."""
+  """What a per-token policy loss sees for one micro-batch."""
   logp: jax.Array  # [b, N] log pi(token) under the parameters being trained
   logits: jax.Array  # [b, N, V] float32
   mask: jax.Array  # [b, N] bool
   extras: dict[str, jax.Array]
+  prox_logp: jax.Array | None = None  # [b, N] under the proximal policy, when there is one
+
+
+class ValueInputs(NamedTuple):
+  """What a per-token value loss sees for one micro-batch."""
+  values: jax.Array  # [b, N] V(s_t) of the state before each response token
+  mask: jax.Array  # [b, N] bool
+  extras: dict[str, jax.Array]
+
+
+def policy_forward(graphdef: nnx.GraphDef):
+  """forward(params, batch, prox) -> TokenInputs for a CausalLM."""
+  def logp_and_logits(params, mb: SequenceBatch):
+    model = nnx.merge(graphdef, params)
+    n = mb.resp_mask.shape[1]
+    hidden = model.model(mb.tokens, mb.mask)[:, -n - 1:-1]  # positions that predict the response
+    logits = model.logits(hidden)
+    logp_all = jax.nn.log_softmax(logits, axis=-1)
+    return jnp.take_along_axis(logp_all, mb.tokens[:, -n:, None], axis=-1)[..., 0], logits
+
+  def forward(params, mb: SequenceBatch, prox=None) -> TokenInputs:
+    logp, logits = logp_and_logits(params, mb)
+    prox_logp = None
+    if prox is not None:
+      prox_logp = jax.lax.stop_gradient(logp_and_logits(prox, mb)[0])
+    return TokenInputs(logp, logits, mb.resp_mask, mb.extras, prox_logp)
+
+  return forward
+
+
+def value_forward(graphdef: nnx.GraphDef):
+  """forward(params, batch, prox) -> ValueInputs for a ValueModel."""
+  def forward(params, mb: SequenceBatch, prox=None) -> ValueInputs:
+    n = mb.resp_mask.shape[1]
+    values = nnx.merge(graphdef, params)(mb.tokens, mb.mask)[:, -n - 1:-1]
+    return ValueInputs(values, mb.resp_mask, mb.extras)
+  return forward
 
 
 # loss(inputs) -> (per-token loss [b, N], {metric name: per-token value [b, N]})
-TokenLoss = Callable[[TokenInputs], tuple[jax.Array, dict[str, jax.Array]]]
+TokenLoss = Callable[[Any], tuple[jax.Array, dict[str, jax.Array]]]
 
 
 def sq_norm(tree) -> jax.Array:
@@ -87,35 +125,27 @@ def permutation(key, rows: int, group_size: int, by_group) -> jax.Array:
   return jnp.where(by_group, by_grp, by_row)
 
 
-def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, loss: TokenLoss,
+def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLoss,
                 *, num_minibatches: int, num_epochs: int, microbatch: int, aggregation: str,
                 max_len: int, mesh: Mesh, rules: sharding.Rules, shuffle: bool = True,
-                group_size: int = 1, measure_noise: bool = True):
+                group_size: int = 1, measure_noise: bool = True, prox_decay: float | None = None):
   """An `Update`: `update(state, batch, key, by_group=False) -> (state, metrics)`.
 
-  Metrics: per-token loss metrics as token means over each mini-batch, averaged over the
-  optimizer steps; `grad_norm` (before clipping) mean and max over the optimizer steps;
-  `noise/grad_sq_small`, `noise/grad_sq_big` (means over the optimizer steps) with the batch
-  (micro-batch and mini-batch rows). With a single micro-batch per mini-batch there is no
-  small batch, and the noise metrics are absent, as they are with `measure_noise=False`.
+  `forward(params, micro_batch, prox_params)` gives the loss its inputs (policy_forward,
+  value_forward). Metrics: the loss's per-token metrics as token means over each mini-batch,
+  averaged over the optimizer steps; `grad_norm` (before clipping) mean and max over the
+  optimizer steps; `noise/grad_sq_small`, `noise/grad_sq_big` (means over the optimizer steps)
+  with the batch sizes they belong to (micro-batch and mini-batch rows). With a single
+  micro-batch per mini-batch there is no small batch, and the noise metrics are absent, as they
+  are with `measure_noise=False`. With `prox_decay` the state's `prox` parameters follow the
+  trained ones as an EWMA, updated after every optimizer step.
   """
 
-  def token_inputs(params, mb: SequenceBatch) -> TokenInputs:
-    model = nnx.merge(graphdef, params)
-    n = mb.resp_mask.shape[1]
-    hidden = model.model(mb.tokens, mb.mask)[:, -n - 1:-1]  # positions that predict the response
-    logits = model.logits(hidden)
-    logp_all = jax.nn.log_softmax(logits, axis=-1)
-    logp = jnp.take_along_axis(logp_all, mb.tokens[:, -n:, None], axis=-1)[..., 0]
-    return TokenInputs(logp, logits, mb.resp_mask, mb.extras)
-
-  def micro_loss(params, xs):
+  def micro_loss(params, xs, prox):
     mb, w, mw = xs
     mb, w, mw = jax.tree.map(lambda x: sharding.constrain(x, ("batch",) + (None,) * (x.ndim - 1)),
                              (mb, w, mw))
-    inputs = token_inputs(params, mb)
-    per_token, metrics = loss(inputs)
-    metrics = dict(metrics, entropy=entropy(inputs.logits))
+    per_token, metrics = loss(forward(params, mb, prox))
     return jnp.sum(w * per_token), {k: jnp.sum(mw * v) for k, v in metrics.items()}
 
   grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
@@ -128,16 +158,20 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
     split = lambda x: x.reshape((n_micro, microbatch) + x.shape[1:])
     micro = jax.tree.map(split, (mb, w, mw))
     shares = jnp.sum(micro[1].reshape(n_micro, -1), axis=1)
-    grads, values, metrics, small_sq = accumulate(grad_fn, state.params, micro, shares,
-                                                  measure_noise and n_micro > 1)
+    grads, values, metrics, small_sq = accumulate(
+        lambda p, x: grad_fn(p, x, state.prox), state.params, micro, shares,
+        measure_noise and n_micro > 1)
     big_sq = sq_norm(grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    prox = state.prox
+    if prox_decay is not None:
+      prox = jax.tree.map(lambda a, b: prox_decay * a + (1.0 - prox_decay) * b, prox, params)
     metrics = {k: jnp.sum(v) for k, v in metrics.items()}
     metrics.update(loss=jnp.sum(values), grad_norm=jnp.sqrt(big_sq))
     if n_micro > 1 and measure_noise:
       metrics.update({"noise/grad_sq_small": small_sq, "noise/grad_sq_big": big_sq})
-    return TrainState(params, opt_state, state.step + 1), metrics
+    return TrainState(params, opt_state, state.step + 1, prox), metrics
 
   def update(state: TrainState, batch: SequenceBatch, key, by_group):
     with sharding.activation_sharding(mesh, rules):

@@ -1,0 +1,87 @@
+"""One model being trained (the actor, or PPO's critic): state, update, and its instruments.
+
+Everything a batch-size study records per model lives here once: the optimizer with its
+scaling rule, the jitted update, and the host-side reading of its metrics (gradient norms,
+noise scale in responses and in prompts, the hyperparameters in effect).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+from absl import logging
+
+from rlscale import optim
+from rlscale.rl import noise_scale
+from rlscale.rl.update import TrainState, make_update
+
+
+class Trained:
+  def __init__(self, name: str, forward, loss, params, optim_cfg: Mapping[str, Any], *,
+               responses_per_step: int, num_minibatches: int, num_epochs: int, microbatch: int,
+               group_size: int, total_responses: int, aggregation: str, max_len: int, mesh,
+               rules, noise_cfg: Mapping[str, Any], prox_com: float = 0.0):
+    self.name = name
+    self.opt_batch = responses_per_step // num_minibatches  # responses per optimizer step
+    self.microbatch, self.group_size = microbatch, group_size
+    optimizer, self.scaled = optim.make(optim_cfg, batch=self.opt_batch,
+                                        total_responses=total_responses,
+                                        responses_per_step=self.opt_batch / num_epochs)
+    logging.info("%s: %d responses per optimizer step, k=%.3g of the reference batch: lr %.3g, "
+                 "b1 %.4g, b2 %.4g, eps %.3g", name, self.opt_batch, self.scaled.k,
+                 self.scaled.lr, self.scaled.b1, self.scaled.b2, self.scaled.eps)
+    # Batch-size-invariant PPO: the proximal policy's EWMA has a centre of mass of prox_com
+    # optimizer steps at the reference batch, k times more at a k times smaller batch.
+    self.prox_decay = None
+    if prox_com:
+      com = prox_com / self.scaled.k
+      self.prox_decay = com / (com + 1.0)
+    self.measure_noise = bool(noise_cfg["enabled"]) and self.opt_batch // microbatch >= 2
+    self.prompt_level = (self.measure_noise and bool(noise_cfg["prompt_level"])
+                         and microbatch % group_size == 0)
+    self.noise = {u: noise_scale.NoiseScale(f"{name}/noise_{u}", noise_cfg["decay"])
+                  for u in ("responses", "prompts")}
+    self.update = make_update(forward, optimizer, loss, num_minibatches=num_minibatches,
+                              num_epochs=num_epochs, microbatch=microbatch,
+                              aggregation=aggregation, max_len=max_len, mesh=mesh, rules=rules,
+                              group_size=group_size, measure_noise=self.measure_noise,
+                              prox_decay=self.prox_decay)
+    prox = jax.tree.map(jnp.copy, params) if self.prox_decay is not None else None
+    self.state = self.update.place(
+        TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32), prox))
+
+  @property
+  def params(self):
+    return self.state.params
+
+  def step(self, batch, key, by_group: bool):
+    """Dispatch one update; returns the device metrics."""
+    self.state, metrics = self.update(self.state, batch, key, by_group and self.prompt_level)
+    return metrics
+
+  def read(self, metrics: Mapping[str, Any], by_group: bool) -> dict[str, Any]:
+    """Host metrics under `<name>/`: the update's, the noise scale, the hyperparameters."""
+    out = {f"{self.name}/{k}": v for k, v in metrics.items() if not k.startswith("noise/")}
+    if "noise/grad_sq_small" in metrics:
+      unit, per = (("prompts", self.group_size) if by_group and self.prompt_level
+                   else ("responses", 1))
+      g2, trace = noise_scale.estimates(metrics["noise/grad_sq_small"],
+                                        metrics["noise/grad_sq_big"],
+                                        self.microbatch / per, self.opt_batch / per)
+      out.update(self.noise[unit].update(g2, trace))
+      other = "responses" if unit == "prompts" else "prompts"
+      out.update(self.noise[other].current())  # every step carries both B_simple values
+    for name, value in optim.hyperparams(self.state.opt_state).items():
+      out[f"{self.name}/{'lr' if name == 'learning_rate' else name}"] = float(value)
+    if self.prox_decay is not None:
+      out[f"{self.name}/prox_decay"] = self.prox_decay
+    return out
+
+  def noise_state(self) -> dict[str, Any]:
+    return {u: n.state() for u, n in self.noise.items()}
+
+  def load_noise_state(self, state: Mapping[str, Any]) -> None:
+    for u, s in state.items():
+      self.noise[u].load(s)
