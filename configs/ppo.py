@@ -44,9 +44,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rl.entropy_coef = 0.0  # entropy bonus weight
   c.rl.loss_aggregation = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
   c.rl.old_logprobs = "sampler"  # sampler: log-probs recorded while sampling; recompute: a forward
-  # Batch-size-invariant PPO (Hilton et al. 2021): the clip anchor is an EWMA of the actor with
-  # this centre of mass, in optimizer steps, at optim.reference_batch (scaled by B0/B); 0: off.
-  c.rl.prox_com = 0.0
+  # Batch-size-invariant PPO (Hilton et al. 2021): the clip anchor is an EWMA of the actor.
+  c.rl.prox_com = 0.0  # its centre of mass in optimizer steps at optim.reference_batch; 0: off
 
   c.optim = common.optim(lr=1e-4)  # the actor's
   c.optim.b2 = 0.99  # RL gradients are noisy and non-stationary: a shorter second-moment memory
