@@ -20,6 +20,8 @@ from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("steps", 30, "RL steps per measurement (the first 5 are not timed)")
+flags.DEFINE_string("config", "configs/grpo.py", "the RL config to measure")
+flags.DEFINE_string("cache_dir", None, "where the base policy is cached (default: the config's)")
 
 
 def main(argv):
@@ -30,18 +32,21 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   out = {}
   for name, noise in (("with_noise_scale", True), ("without", False)):
-    cfg = rl_loop.load_config_file("configs/grpo.py")
+    cfg = rl_loop.load_config_file(FLAGS.config)
+    if FLAGS.cache_dir:
+      cfg.init.cache_dir = FLAGS.cache_dir
     minibatch = cfg.rl.num_prompts * cfg.rl.group_size // cfg.rl.num_minibatches
     cfg.noise.enabled = noise
     cfg.rl.microbatch = minibatch // 2 if noise else minibatch
     cfg.train.num_steps, cfg.train.eval_every, cfg.train.checkpoint_every = FLAGS.steps, 0, 0
     cfg.train.tensorboard = False
     with tempfile.TemporaryDirectory() as workdir:
-      train.main(cfg, workdir, "configs/grpo.py")
+      train.main(cfg, workdir, FLAGS.config.partition(":")[0])
       with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f][6:-1]  # steady state: no compile, no final eval
+        rows = [json.loads(line) for line in f][1:-1]  # steps, without the final evaluation
+      rows = rows[5:] if len(rows) > 10 else rows[1:]  # steady state: no compilation
     out[name] = {k: statistics.median(r[k] for r in rows)
-                 for k in ("time/step", "time/update", "time/generate")}
+                 for k in ("time/step", "time/actor_update", "time/generate")}
     out[name]["microbatch"] = cfg.rl.microbatch
   with_, without = out["with_noise_scale"]["time/step"], out["without"]["time/step"]
   print(json.dumps(dict(benchmark="noise_scale_overhead", steps=FLAGS.steps, **out,

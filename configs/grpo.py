@@ -17,12 +17,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.kind = "grpo"  # which trainer runs this config
   c.seed = 0  # every random draw of the run derives from it
-  # The base policy's shape (see configs/sft.py); a loaded checkpoint brings its own.
-  c.model = common.model("tiny", vocab_size=32, d_model=128, head_dim=32, mlp_dim=384)
-  c.mesh = common.mesh()
-  c.task = common.task("arithmetic")
-  c.task.digits = 2  # operands below 100
-  c.task.restate = 0.5  # the base's demonstrations: half restate the equation (a rejected style)
+  common.arithmetic_default(c)  # model, mesh, task: those of the cached base policy
 
   c.init = common.init()
   c.rollout = common.rollout(max_new_tokens=6)  # answers need <= 4 tokens with EOS

@@ -16,12 +16,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.kind = "sft"  # which trainer runs this config
   c.seed = 0  # parameter init and every random draw of the run
-  # The tiny shape at half width (0.8M parameters): trains in two minutes on two CPU cores.
-  c.model = common.model("tiny", vocab_size=32, d_model=128, head_dim=32, mlp_dim=384)
-  c.mesh = common.mesh()
-  c.task = common.task("arithmetic")
-  c.task.digits = 2  # operands below 100: learnable in the time the default run has
-  c.task.restate = 0.5  # half the demonstrations restate the equation (see tasks/arithmetic.py)
+  common.arithmetic_default(c)  # model, mesh, task
   c.sft = ml_collections.ConfigDict()
   c.sft.batch_size = 128  # demonstrations per step (global)
   c.sft.microbatch = 128  # rows per forward/backward pass

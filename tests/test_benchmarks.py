@@ -1,0 +1,41 @@
+"""The benchmark scripts run and print their JSON lines (tiny sizes; the figures are not tested)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(script, *args, timeout=600):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  out = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", script), *args],
+                       capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.slow
+def test_decode_benchmark():
+  (row,) = _run("decode.py", "--batch=8", "--prompt_len=8", "--new_tokens=8", "--layers=2",
+                "--d_model=64", "--mlp_dim=128", "--vocab=64", "--repeats=2")
+  assert row["gen_tokens_per_s"] > 0 and row["batch"] == 8 and row["compile_s"] >= 0
+
+
+@pytest.mark.slow
+def test_generation_scaling_benchmark():
+  rows = _run("generation_scaling.py", "--config=configs/grpo.py:tiny", "--batches=8,16",
+              "--repeats=2")
+  assert [r["generation_batch"] for r in rows[:-1]] == [8, 16]
+  assert rows[-1]["critical_generation_batch"] in (8, 16)
+
+
+@pytest.mark.slow
+def test_noise_scale_overhead_benchmark(tmp_path):
+  (row,) = _run("noise_scale_overhead.py", "--config=configs/grpo.py:tiny", "--steps=4",
+                f"--cache_dir={tmp_path}")
+  assert row["with_noise_scale"]["microbatch"] == row["without"]["microbatch"] // 2
+  assert "overhead_of_step" in row
