@@ -35,7 +35,7 @@ def main(argv):
   import numpy as np
   from flax import nnx
 
-  from rlscale import experiment, models, rl_loop, sharding
+  from rlscale import experiment, models, rl_loop
   from rlscale.sampling import Sampler, SamplingParams
 
   cfg = rl_loop.load_config_file(FLAGS.config)

@@ -6,7 +6,6 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Any
 
 import jax
 import ml_collections
@@ -62,7 +61,3 @@ def prepare_workdir(workdir: str, cfg: ml_collections.ConfigDict) -> None:
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, "config.json")
   write_json(path, json.loads(cfg.to_json_best_effort()))
-
-
-def as_dict(cfg: Any) -> dict:
-  return cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)

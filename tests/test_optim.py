@@ -1,8 +1,6 @@
 """Learning-rate and Adam scaling rules, and schedules counted in responses."""
 
-import math
 
-import numpy as np
 import pytest
 
 from rlscale import optim

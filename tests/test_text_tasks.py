@@ -1,6 +1,5 @@
 """Text tasks for real checkpoints: TFDS math_dataset (mocked) and reasoning-gym."""
 
-import numpy as np
 import pytest
 
 from rlscale import tasks

@@ -90,31 +90,37 @@ def test_equal_samples_put_eval_points_at_the_same_x_for_two_batch_sizes(tmp_pat
   assert xs[4] == xs[8] == [0, 32, 64]
 
 
+class _DiesAtCall:
+  """An Update that raises on its n-th call, as a killed process stops mid-run."""
+
+  def __init__(self, update, n):
+    self._update, self._n, self._calls = update, n, 0
+
+  def __call__(self, *args):
+    self._calls += 1
+    if self._calls == self._n:
+      raise KeyboardInterrupt("killed")
+    return self._update(*args)
+
+  def __getattr__(self, name):
+    return getattr(self._update, name)
+
+
 @pytest.mark.slow
-def test_resume_after_a_kill_matches_an_uninterrupted_run(tmp_path, monkeypatch):
-  cfg = _config(tmp_path)
-  train.main(cfg, str(tmp_path / "straight"))
+@pytest.mark.parametrize("name", ["grpo.py", "ppo.py"])
+def test_resume_after_a_kill_matches_an_uninterrupted_run(name, tmp_path, monkeypatch):
+  train.main(_config(tmp_path, name=name), str(tmp_path / "straight"))
 
   from rlscale.rl import trained
   real_make_update = trained.make_update
-
-  def dies_in_step_3(*args, **kw):  # after the checkpoint of step 2, before step 3's update
-    update = real_make_update(*args, **kw)
-    calls = {"n": 0}
-    def update_or_die(*a):
-      calls["n"] += 1
-      if calls["n"] == 3:
-        raise KeyboardInterrupt("killed")
-      return update(*a)
-    update_or_die.place = update.place
-    return update_or_die
-
-  monkeypatch.setattr(trained, "make_update", dies_in_step_3)
+  # Every model's update dies at its third call: after the checkpoint of step 2, in step 3.
+  monkeypatch.setattr(trained, "make_update",
+                      lambda *a, **kw: _DiesAtCall(real_make_update(*a, **kw), 3))
   with pytest.raises(KeyboardInterrupt):
-    train.main(_config(tmp_path), str(tmp_path / "resumed"))
+    train.main(_config(tmp_path, name=name), str(tmp_path / "resumed"))
   monkeypatch.setattr(trained, "make_update", real_make_update)
   assert Checkpointer(str(tmp_path / "resumed" / "checkpoints")).latest_step() == 2
-  train.main(_config(tmp_path), str(tmp_path / "resumed"))  # the same command again
+  train.main(_config(tmp_path, name=name), str(tmp_path / "resumed"))  # the same command again
 
   straight, resumed = _rows(tmp_path / "straight"), _rows(tmp_path / "resumed")
   assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4]  # step 3's partial work was dropped

@@ -71,7 +71,7 @@ class Sampler:
     mask_BxP = sharding.put_batch(mask_BxP, self.mesh, self.rules)
     row_ids = sharding.put_batch(np.asarray(row_ids, np.int32), self.mesh, self.rules)
     shape = tuple(tokens_BxP.shape)  # global
-    cfg = self.graphdef_cfg(state)
+    cfg = self._model_cfg(state)
     cache_shardings = self._cache_shardings(_cache_shapes(cfg, self.params, *shape))
     if shape not in self._calls:
       self._calls[shape] = jax.jit(self._run, donate_argnums=1,
@@ -83,7 +83,7 @@ class Sampler:
         state, self._caches.pop(shape), tokens_BxP, mask_BxP, key, row_ids)
     return rollout
 
-  def graphdef_cfg(self, state):
+  def _model_cfg(self, state):
     if self._cfg is None:
       self._cfg = nnx.merge(self.graphdef, state).cfg
     return self._cfg
