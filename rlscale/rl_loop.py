@@ -142,7 +142,6 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = 
                         sampled=cfg.eval.sampled)
   prompt_level = any(m.prompt_level for m in algo.models.values())
   peak = flops.peak(cfg.train.peak_flops, jax.devices()[0].device_kind)
-  epochs = {"actor": r.num_epochs, "critic": cfg.critic.num_epochs if "critic" in cfg else 0}
 
   key = jax.random.key(cfg.seed)
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), cfg.train.keep_checkpoints,
@@ -199,7 +198,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = 
     for n, m in metrics.items():
       out.update(algo.models[n].read(m, p.by_group))
     counters["noise"] = {n: m.noise_state() for n, m in algo.models.items()}
-    out.update(p.host)
+    out.update(jax.device_get(p.host))  # an algorithm's own metrics may still be on the device
     if eval_due(p.step):
       t = time.time()
       last_eval = evaluator(actor.params, jax.random.fold_in(key, 2 * 10**6 + p.step))
@@ -265,13 +264,14 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = 
       repeated = [p for p in problems for _ in range(r.group_size)]
       rewards, correct, finished = rollout.score(task, repeated, toks, rmask, tok.eos_ids)
       phases["reward"] = time.time() - t
-      batch = rollout.sequence_batch(ptoks, pmask, out, {}, mesh, rules)
+      batch = rollout.sequence_batch(ptoks, pmask, out, mesh, rules)
       more_phases, host = algo.prepare(batch, out, rewards)
       phases.update(more_phases)
       plen, rlen = pmask.sum(axis=1), rmask.sum(axis=1)
       fwd = flops.train_flops(model_cfg, plen + rlen) / 3  # one forward over the batch
       step_flops = {"generate": _global_sum(flops.rollout_flops(model_cfg, plen, rlen)),
-                    "update": _global_sum(3 * fwd * sum(epochs[n] for n in algo.models)),
+                    "update": _global_sum(3 * fwd * sum(m.num_epochs
+                                                        for m in algo.models.values())),
                     "logprobs": _global_sum(fwd * algo.recomputed_forwards())}
       counters["responses_seen"] += B
       counters["tokens_seen"] += int(_global_sum(rlen.sum()))

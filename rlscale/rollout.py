@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
@@ -45,13 +44,10 @@ def host_rollout(out: Rollout) -> tuple[np.ndarray, np.ndarray]:
   return distributed.host_local(out.tokens), distributed.host_local(out.mask)
 
 
-def sequence_batch(prompt_tokens, prompt_mask, out: Rollout, extras: dict[str, jax.Array],
-                   mesh: Mesh, rules) -> SequenceBatch:
-  """Prompt and response side by side, on the mesh; extras are [B] or [B, N] arrays."""
+def sequence_batch(prompt_tokens, prompt_mask, out: Rollout, mesh: Mesh, rules) -> SequenceBatch:
+  """Prompt and response side by side, on the mesh; the algorithm fills `extras`."""
   pt = sharding.put_batch(prompt_tokens, mesh, rules)
   pm = sharding.put_batch(prompt_mask, mesh, rules)
   tokens = jnp.concatenate([pt, out.tokens], axis=1)
   mask = jnp.concatenate([pm, out.mask], axis=1)
-  extras = {k: sharding.put_batch(v, mesh, rules) if isinstance(v, np.ndarray) else v
-            for k, v in extras.items()}
-  return SequenceBatch(tokens, mask, out.mask, extras)
+  return SequenceBatch(tokens, mask, out.mask, {})

@@ -90,13 +90,17 @@ class CausalLM(nnx.Module):
   def __call__(self, tokens_BxT: jax.Array, mask_BxT: jax.Array) -> jax.Array:
     return self.logits(self.model(tokens_BxT, mask_BxT))
 
-  def token_logprobs(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, start: int) -> jax.Array:
-    """log p(tokens[:, t] | tokens[:, :t]) for t >= start, float32 [B, T - start].
+  def response_logits(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, n: int) -> jax.Array:
+    """float32 logits [B, n, V] at the positions that predict the last n tokens.
 
-    Only the positions that predict tokens[start:] go through the head.
+    Only those positions go through the head.
     """
-    hidden = self.model(tokens_BxT, mask_BxT)[:, start - 1:-1]
-    logp = jax.nn.log_softmax(self.logits(hidden), axis=-1)
+    return self.logits(self.model(tokens_BxT, mask_BxT)[:, -n - 1:-1])
+
+  def token_logprobs(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, start: int) -> jax.Array:
+    """log p(tokens[:, t] | tokens[:, :t]) for t >= start, float32 [B, T - start]."""
+    n = tokens_BxT.shape[1] - start
+    logp = jax.nn.log_softmax(self.response_logits(tokens_BxT, mask_BxT, n), axis=-1)
     return jnp.take_along_axis(logp, tokens_BxT[:, start:, None], axis=-1)[..., 0]
 
 
@@ -115,3 +119,7 @@ class ValueModel(nnx.Module):
     v = jnp.einsum("bte,e->bt", hidden, self.value_head[...].astype(hidden.dtype),
                    preferred_element_type=jnp.float32)
     return v + self.value_bias[...].astype(jnp.float32)
+
+  def response_values(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, n: int) -> jax.Array:
+    """float32 [B, n]: V of the state before each of the last n tokens."""
+    return self(tokens_BxT, mask_BxT)[:, -n - 1:-1]

@@ -46,7 +46,7 @@ class GRPO:
 
   def __init__(self, cfg, env, graphdef, params, total_responses: int):
     from rlscale.rl.trained import Trained
-    from rlscale.rl.update import policy_forward
+    from rlscale.rl.update import policy_forward, response_fn
     r = cfg.rl
     self.cfg = cfg
     self.actor = Trained("actor", policy_forward(graphdef), make_loss(r), params, cfg.optim,
@@ -58,7 +58,7 @@ class GRPO:
                          noise_cfg=cfg.noise)
     self.models = {"actor": self.actor}
     self.ref_params = jax.tree.map(jnp.copy, params) if r.kl_coef else None
-    self.logprobs = token_logprobs_fn(graphdef, env)
+    self.logprobs = response_fn(policy_forward(graphdef), "logp", env.mesh, env.rules)
 
   def prepare(self, batch, out, rewards) -> tuple[dict[str, float], dict[str, float]]:
     """Fill the batch's extras; returns (phase seconds, host metrics)."""
@@ -66,10 +66,10 @@ class GRPO:
     adv = ADVANTAGES.get(r.advantage)(jnp.asarray(rewards.reshape(-1, r.group_size)))
     batch.extras["advantages"] = jnp.asarray(adv).reshape(-1)
     t = time.time()
-    batch.extras["old_logp"] = (self.logprobs(self.actor.params, batch.tokens, batch.mask)
+    batch.extras["old_logp"] = (self.logprobs(self.actor.params, batch)
                                 if r.old_logprobs == "recompute" else out.logprobs)
     if self.ref_params is not None:
-      batch.extras["ref_logp"] = self.logprobs(self.ref_params, batch.tokens, batch.mask)
+      batch.extras["ref_logp"] = self.logprobs(self.ref_params, batch)
     if r.old_logprobs == "recompute" or self.ref_params is not None:
       jax.block_until_ready(batch.extras)
       return {"logprobs": time.time() - t}, {}
@@ -80,16 +80,3 @@ class GRPO:
 
   def recomputed_forwards(self) -> int:
     return (self.cfg.rl.old_logprobs == "recompute") + (self.ref_params is not None)
-
-
-def token_logprobs_fn(graphdef, env):
-  """Jitted log-probs of the response tokens under given parameters."""
-  from flax import nnx
-  from rlscale import sharding
-
-  @jax.jit
-  def logprobs(params, tokens, mask):
-    with sharding.activation_sharding(env.mesh, env.rules):
-      return nnx.merge(graphdef, params).token_logprobs(tokens, mask, env.task.max_prompt_len)
-
-  return logprobs

@@ -20,7 +20,6 @@ from flax import nnx
 
 from rlscale import sharding
 from rlscale.rl.advantages import gae, token_rewards, whiten
-from rlscale.rl.grpo import token_logprobs_fn
 from rlscale.rl.losses import (KL_ESTIMATORS, clipped_surrogate, clipped_value_loss,
                                decoupled_surrogate, entropy, explained_variance)
 from rlscale.rl.update import TokenInputs, ValueInputs
@@ -68,7 +67,7 @@ class PPO:
 
   def __init__(self, cfg, env, graphdef, params, total_responses: int, critic_model):
     from rlscale.rl.trained import Trained
-    from rlscale.rl.update import policy_forward, value_forward
+    from rlscale.rl.update import policy_forward, response_fn, value_forward
     r, c = cfg.rl, cfg.critic
     self.cfg = cfg
     per_step = r.num_prompts * r.group_size
@@ -85,14 +84,9 @@ class PPO:
                           num_epochs=c.num_epochs, microbatch=c.microbatch, **common)
     self.models = {"actor": self.actor, "critic": self.critic}
     self.ref_params = jax.tree.map(jnp.copy, params) if r.kl_coef else None
-    self.logprobs = token_logprobs_fn(graphdef, env)
+    self.logprobs = response_fn(policy_forward(graphdef), "logp", env.mesh, env.rules)
+    self.values = response_fn(value_forward(critic_graphdef), "values", env.mesh, env.rules)
     kl_fn = KL_ESTIMATORS.get(r.kl_estimator)
-
-    @jax.jit
-    def values_fn(params, tokens, mask, resp_mask):
-      with sharding.activation_sharding(env.mesh, env.rules):
-        n = resp_mask.shape[1]
-        return nnx.merge(critic_graphdef, params)(tokens, mask)[:, -n - 1:-1]
 
     @jax.jit
     def advantages_fn(scores, resp_mask, values, old_logp, ref_logp):
@@ -108,22 +102,25 @@ class PPO:
                                      if kl is not None else jnp.zeros(()))}
       return adv, returns, stats
 
-    self.values_fn, self.advantages_fn = values_fn, advantages_fn
+    self.advantages_fn = advantages_fn
     self.steps_done = 0
 
-  def prepare(self, batch, out, rewards) -> tuple[dict[str, float], dict[str, float]]:
-    """Old values, (reference log-probs), advantages and returns; (phase seconds, host metrics)."""
+  def prepare(self, batch, out, rewards) -> tuple[dict[str, float], dict[str, Any]]:
+    """Old values, (reference log-probs), advantages and returns.
+
+    Returns (phase seconds, metrics); the metrics stay on the device until the step's
+    metrics are fetched.
+    """
     t = time.time()
     old_logp = out.logprobs
     if self.cfg.rl.old_logprobs == "recompute":
-      old_logp = self.logprobs(self.actor.params, batch.tokens, batch.mask)
-    values = self.values_fn(self.critic.params, batch.tokens, batch.mask, batch.resp_mask)
-    ref = (self.logprobs(self.ref_params, batch.tokens, batch.mask)
-           if self.ref_params is not None else None)
+      old_logp = self.logprobs(self.actor.params, batch)
+    values = self.values(self.critic.params, batch)
+    ref = self.logprobs(self.ref_params, batch) if self.ref_params is not None else None
     scores = sharding.put_batch(rewards, self.actor.update.mesh, self.actor.update.rules)
     adv, returns, stats = self.advantages_fn(scores, batch.resp_mask, values, old_logp, ref)
     batch.extras.update(advantages=adv, old_logp=old_logp, old_values=values, returns=returns)
-    stats = {k: float(v) for k, v in jax.device_get(stats).items()}
+    jax.block_until_ready(adv)  # the phase's own time; nothing is copied to the host
     return {"logprobs": time.time() - t}, stats
 
   def update(self, batch, key, by_group: bool):

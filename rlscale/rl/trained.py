@@ -25,7 +25,7 @@ class Trained:
                rules, noise_cfg: Mapping[str, Any], prox_com: float = 0.0):
     self.name = name
     self.opt_batch = responses_per_step // num_minibatches  # responses per optimizer step
-    self.microbatch, self.group_size = microbatch, group_size
+    self.microbatch, self.group_size, self.num_epochs = microbatch, group_size, num_epochs
     optimizer, self.scaled = optim.make(optim_cfg, batch=self.opt_batch,
                                         total_responses=total_responses,
                                         responses_per_step=self.opt_batch / num_epochs)

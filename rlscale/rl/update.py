@@ -60,10 +60,8 @@ class ValueInputs(NamedTuple):
 def policy_forward(graphdef: nnx.GraphDef):
   """forward(params, batch, prox) -> TokenInputs for a CausalLM."""
   def logp_and_logits(params, mb: SequenceBatch):
-    model = nnx.merge(graphdef, params)
     n = mb.resp_mask.shape[1]
-    hidden = model.model(mb.tokens, mb.mask)[:, -n - 1:-1]  # positions that predict the response
-    logits = model.logits(hidden)
+    logits = nnx.merge(graphdef, params).response_logits(mb.tokens, mb.mask, n)
     logp_all = jax.nn.log_softmax(logits, axis=-1)
     return jnp.take_along_axis(logp_all, mb.tokens[:, -n:, None], axis=-1)[..., 0], logits
 
@@ -80,10 +78,19 @@ def policy_forward(graphdef: nnx.GraphDef):
 def value_forward(graphdef: nnx.GraphDef):
   """forward(params, batch, prox) -> ValueInputs for a ValueModel."""
   def forward(params, mb: SequenceBatch, prox=None) -> ValueInputs:
-    n = mb.resp_mask.shape[1]
-    values = nnx.merge(graphdef, params)(mb.tokens, mb.mask)[:, -n - 1:-1]
+    values = nnx.merge(graphdef, params).response_values(mb.tokens, mb.mask, mb.resp_mask.shape[1])
     return ValueInputs(values, mb.resp_mask, mb.extras)
   return forward
+
+
+def response_fn(forward, field: str, mesh: Mesh, rules: sharding.Rules):
+  """A jitted `fn(params, batch) -> forward(params, batch).<field>`, e.g. the old or reference
+  log-probs (`policy_forward`, "logp") or the critic's values (`value_forward`, "values")."""
+  @jax.jit
+  def fn(params, tokens, mask, resp_mask):
+    with sharding.activation_sharding(mesh, rules):
+      return getattr(forward(params, SequenceBatch(tokens, mask, resp_mask, {})), field)
+  return lambda params, batch: fn(params, batch.tokens, batch.mask, batch.resp_mask)
 
 
 # loss(inputs) -> (per-token loss [b, N], {metric name: per-token value [b, N]})

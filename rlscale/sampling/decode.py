@@ -55,7 +55,6 @@ class Sampler:
     b1, b2 = sharding.batch_sharding(mesh, 1, self.rules), sharding.batch_sharding(mesh, 2, self.rules)
     self._rollout_shardings = Rollout(b2, b2, b2, b2, b1, sharding.replicated(mesh))
     self._calls: dict[tuple[int, int], Any] = {}
-    self._cfg = None
 
   def __call__(self, state: nnx.State, tokens_BxP, mask_BxP, key: jax.Array,
                row_ids=None) -> Rollout:
@@ -71,22 +70,19 @@ class Sampler:
     mask_BxP = sharding.put_batch(mask_BxP, self.mesh, self.rules)
     row_ids = sharding.put_batch(np.asarray(row_ids, np.int32), self.mesh, self.rules)
     shape = tuple(tokens_BxP.shape)  # global
-    cfg = self._model_cfg(state)
-    cache_shardings = self._cache_shardings(_cache_shapes(cfg, self.params, *shape))
-    if shape not in self._calls:
-      self._calls[shape] = jax.jit(self._run, donate_argnums=1,
-                                   out_shardings=(self._rollout_shardings, cache_shardings))
+    if shape not in self._calls:  # once per shape: the compiled call and the cache's maker
+      cfg = nnx.merge(self.graphdef, state).cfg
+      cache_shardings = self._cache_shardings(_cache_shapes(cfg, self.params, *shape))
+      self._calls[shape] = (
+          jax.jit(self._run, donate_argnums=1,
+                  out_shardings=(self._rollout_shardings, cache_shardings)),
+          jax.jit(lambda: _empty_cache(cfg, self.params, *shape), out_shardings=cache_shardings))
+    call, new_cache = self._calls[shape]
     if shape not in self._caches:
-      self._caches[shape] = jax.jit(lambda: _empty_cache(cfg, self.params, *shape),
-                                    out_shardings=cache_shardings)()
-    rollout, self._caches[shape] = self._calls[shape](
-        state, self._caches.pop(shape), tokens_BxP, mask_BxP, key, row_ids)
+      self._caches[shape] = new_cache()
+    rollout, self._caches[shape] = call(state, self._caches.pop(shape), tokens_BxP, mask_BxP,
+                                        key, row_ids)
     return rollout
-
-  def _model_cfg(self, state):
-    if self._cfg is None:
-      self._cfg = nnx.merge(self.graphdef, state).cfg
-    return self._cfg
 
   def release(self) -> None:
     """Free the KV caches; the next call allocates them again (it does not recompile)."""
