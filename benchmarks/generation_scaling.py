@@ -35,10 +35,10 @@ def main(argv):
   import numpy as np
   from flax import nnx
 
-  from rlscale import experiment, models, rl_loop
+  from rlscale import config_files, experiment, models
   from rlscale.sampling import Sampler, SamplingParams
 
-  cfg = rl_loop.load_config_file(FLAGS.config)
+  cfg = config_files.load(FLAGS.config)
   env = experiment.setup(cfg)
   new_tokens = FLAGS.new_tokens or cfg.rollout.max_new_tokens
   plen = FLAGS.prompt_len or env.task.max_prompt_len

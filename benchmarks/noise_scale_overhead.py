@@ -28,13 +28,13 @@ flags.DEFINE_string("cache_dir", None, "where the base policy is cached (default
 def main(argv):
   del argv
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  from rlscale import logs, rl_loop, train
+  from rlscale import config_files, logs, train
   logs.quiet_libraries()
   logging.set_verbosity(logging.WARNING)
   out = {}
   for name, noise, halve in (("with_noise_scale", True, True), ("without", False, True),
                              ("without_one_microbatch", False, False)):
-    cfg = rl_loop.load_config_file(FLAGS.config)
+    cfg = config_files.load(FLAGS.config)
     if FLAGS.cache_dir:
       cfg.init.cache_dir = FLAGS.cache_dir
     minibatch = cfg.rl.num_prompts * cfg.rl.group_size // cfg.rl.num_minibatches

@@ -15,7 +15,6 @@ gives responses_to_target and time_to_target.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import time
 from typing import Any
@@ -26,7 +25,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from rlscale import distributed, experiment, flops, rollout
+from rlscale import base_policy, distributed, experiment, flops, rollout
 from rlscale.checkpointing import Checkpointer
 from rlscale.checkpoints import hf
 from rlscale.evaluation import Evaluator
@@ -36,48 +35,6 @@ from rlscale.sampling import Sampler, SamplingParams, generate
 
 class NonFiniteError(FloatingPointError):
   pass
-
-
-# --- the base policy ---
-
-def load_config_file(spec: str, relative_to: str | None = None) -> ml_collections.ConfigDict:
-  """`path/to/config.py[:arg]` -> get_config(arg)."""
-  path, _, arg = spec.partition(":")
-  if not os.path.exists(path) and relative_to:
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(relative_to))), path)
-  module_spec = importlib.util.spec_from_file_location("rlscale_config", path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(arg or None)
-
-
-def base_policy(cfg: ml_collections.ConfigDict, config_file: str | None) -> str:
-  """A Hugging Face folder with the base policy: init.hf_checkpoint, else model.hf_checkpoint,
-  else the SFT base built from init.sft_config.
-
-  The SFT recipe runs with this config's model, task, mesh and seed; its result is cached under
-  init.cache_dir by the recipe's hash and reused by every later run.
-  """
-  if cfg.init.hf_checkpoint:
-    return cfg.init.hf_checkpoint
-  if cfg.model.hf_checkpoint:  # a real checkpoint is its own base
-    return cfg.model.hf_checkpoint
-  from rlscale import sft
-  from rlscale.config_validation import validate
-  sft_cfg = load_config_file(cfg.init.sft_config, config_file)
-  with sft_cfg.unlocked():
-    sft_cfg.model, sft_cfg.task, sft_cfg.mesh = cfg.model, cfg.task, cfg.mesh
-    sft_cfg.seed = cfg.seed
-  folder = os.path.join(cfg.init.cache_dir, f"sft-{experiment.config_hash(sft_cfg, ('mesh',))}")
-  policy = os.path.join(folder, "policy")
-  if os.path.exists(os.path.join(policy, sft.DONE)):
-    logging.info("base policy: reusing %s", policy)
-    return policy
-  logging.info("base policy: building it with %s (%d SFT steps) into %s; later runs reuse it",
-               cfg.init.sft_config, sft_cfg.train.num_steps, folder)
-  validate(sft_cfg)
-  sft.run(sft_cfg, folder)
-  return policy
 
 
 def num_steps(cfg: ml_collections.ConfigDict) -> int:
@@ -122,7 +79,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = 
   env = experiment.setup(cfg)
   mesh, rules, task = env.mesh, env.rules, env.task
   r, ro = cfg.rl, cfg.rollout
-  base = base_policy(cfg, config_file)
+  base = base_policy.resolve(cfg, config_file)
   experiment.prepare_workdir(workdir, cfg)
   policy, model_cfg = hf.load_policy(base, mesh, rules, dtype=cfg.model.dtype,
                                      param_dtype=cfg.model.param_dtype)

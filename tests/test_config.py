@@ -6,14 +6,14 @@ import sys
 
 import pytest
 
-from rlscale import rl_loop
+from rlscale import config_files
 from rlscale.config_validation import ConfigError, validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _cfg(name="grpo.py", arg=None):
-  return rl_loop.load_config_file(os.path.join(REPO, "configs", name + (f":{arg}" if arg else "")))
+  return config_files.load(os.path.join(REPO, "configs", name + (f":{arg}" if arg else "")))
 
 
 @pytest.mark.parametrize("name", ["grpo.py", "sft.py", "ppo.py"])

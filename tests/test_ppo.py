@@ -10,7 +10,7 @@ import optax
 import pytest
 from flax import nnx
 
-from rlscale import models, rl_loop, train
+from rlscale import config_files, models, train
 from rlscale.rl.advantages import gae, token_rewards, whiten
 from rlscale.rl.losses import (clipped_surrogate, clipped_value_loss, decoupled_surrogate,
                                explained_variance)
@@ -120,7 +120,7 @@ def test_proximal_centre_of_mass_grows_as_the_batch_shrinks(mesh1, rules):
 
 @pytest.mark.slow
 def test_ppo_tiny_end_to_end(tmp_path):
-  cfg = rl_loop.load_config_file(os.path.join(REPO, "configs", "ppo.py:tiny"))
+  cfg = config_files.load(os.path.join(REPO, "configs", "ppo.py:tiny"))
   with cfg.unlocked():
     cfg.init.cache_dir = str(tmp_path / "base")
     cfg.init.sft_config = os.path.join(REPO, "configs", "sft.py:tiny")

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from rlscale import rl_loop, train
+from rlscale import config_files, rl_loop, train
 from rlscale.checkpointing import Checkpointer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -15,7 +15,7 @@ TIMING = ("time/", "throughput/", "wall_time")  # the only metrics allowed to di
 
 
 def _config(tmp_path, name="grpo.py", arg="tiny", **overrides):
-  cfg = rl_loop.load_config_file(os.path.join(REPO, "configs", f"{name}:{arg}"))
+  cfg = config_files.load(os.path.join(REPO, "configs", f"{name}:{arg}"))
   with cfg.unlocked():
     if "init" in cfg:
       cfg.init.cache_dir = str(tmp_path / "base")

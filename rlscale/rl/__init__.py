@@ -1,0 +1,1 @@
+"""RL algorithms, their losses and advantages, the jitted update and its instruments."""
