@@ -5,11 +5,12 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from rlscale import sharding
 from rlscale.rl import noise_scale
-from rlscale.rl.update import accumulate
+from rlscale.rl.update import SequenceBatch, TrainState, accumulate, make_update
 
 # Least squares, x ~ N(0, I_n), y = x.w* + e, e ~ N(0, s2); per-sample gradient (x.d - e) x with
 # d = w - w*. Then G = d and Sigma = |d|^2 I + d d^T + s2 I:
@@ -57,6 +58,78 @@ def test_estimates_match_the_closed_form_on_any_mesh(shape, rules):
   assert abs(g2 - TRUE_G2) / TRUE_G2 < 0.1, g2
   assert abs(trace - TRUE_TRACE) / TRUE_TRACE < 0.1, trace
   assert abs(trace / g2 - TRUE_TRACE / TRUE_G2) / (TRUE_TRACE / TRUE_G2) < 0.1
+
+
+# A policy whose per-token log-prob is linear in the parameters, logp_t = x_t . theta, and whose
+# loss is that log-prob, so the gradient of token t is x_t whatever theta is. Response j has n_j
+# tokens, n_j uniform on 1..L independently of everything else, and x_t = mu + z_j + e_t with
+# z_j ~ N(0, s2 I_D) shared by its tokens and e_t ~ N(0, v2 I_D) per token. With m1 = E[n],
+# m2 = E[n^2], h = E[1/n] the per-response gradients of each aggregation are:
+#   seq-mean-token-mean:      g_j = mu + z_j + mean_t e_t, i.i.d.:
+#     |G|^2 = |mu|^2,                  tr(Sigma) = D (s2 + v2 h)
+#   seq-mean-token-sum-norm:  g_j = (n_j (mu + z_j) + sum_t e_t) / L, i.i.d.:
+#     |G|^2 = m1^2 |mu|^2 / L^2,       tr(Sigma) = ((m2 - m1^2) |mu|^2 + D (s2 m2 + v2 m1)) / L^2
+#   token-mean: a batch's gradient is sum_j u_j / sum_j n_j with u_j = n_j (mu + z_j) + sum_t e_t,
+#     a length-weighted mean, not a mean of i.i.d. terms. Given the lengths it is mu plus a
+#     zero-mean term of squared norm D (s2 sum n_j^2 + v2 sum n_j) / (sum n_j)^2, whose expectation
+#     is D (s2 m2 + v2 m1) / (B m1^2) to first order in 1/B (the ratio estimator's delta method):
+#     |G|^2 = |mu|^2,                  tr(Sigma) = D (s2 m2 + v2 m1) / m1^2
+#     The second-order term biases the two-batch estimate by about -1% at B_SMALL=4, B_BIG=32
+#     with these lengths, well inside the tolerance.
+# B_simple is tr(Sigma) / |G|^2 in responses; the update's micro-batches (4 rows) are the small
+# batch and its mini-batches (32 rows) the big one, one trial per mini-batch.
+LIN_D, LIN_L, LIN_S2, LIN_V2, LIN_MU = 16, 8, 1.0, 1.0, 0.5
+LIN_SMALL, LIN_BIG, LIN_TRIALS = 4, 32, 256
+
+
+def _linear_b_simple(aggregation):
+  n = np.arange(1, LIN_L + 1)
+  m1, m2, h = n.mean(), (n ** 2).mean(), (1.0 / n).mean()
+  mu2, d, L = LIN_D * LIN_MU ** 2, LIN_D, LIN_L
+  g2, trace = {
+      "seq-mean-token-mean": (mu2, d * (LIN_S2 + LIN_V2 * h)),
+      "seq-mean-token-sum-norm": (m1 ** 2 * mu2 / L ** 2,
+                                  ((m2 - m1 ** 2) * mu2 + d * (LIN_S2 * m2 + LIN_V2 * m1)) / L ** 2),
+      "token-mean": (mu2, d * (LIN_S2 * m2 + LIN_V2 * m1) / m1 ** 2),
+  }[aggregation]
+  return trace / g2
+
+
+def _linear_batch(rows, seed=0):
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(1, LIN_L + 1, rows)
+  resp_mask = np.arange(LIN_L)[None] < lengths[:, None]
+  x = (LIN_MU + np.sqrt(LIN_S2) * rng.normal(size=(rows, 1, LIN_D))
+       + np.sqrt(LIN_V2) * rng.normal(size=(rows, LIN_L, LIN_D)))
+  tokens = np.zeros((rows, LIN_L), np.int32)  # unused by the forward
+  return SequenceBatch(jnp.asarray(tokens), jnp.asarray(resp_mask), jnp.asarray(resp_mask),
+                       {"x": jnp.asarray(x * resp_mask[..., None], jnp.float32)})
+
+
+@pytest.mark.parametrize("aggregation",
+                         ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_update_noise_metrics_match_the_closed_form_with_ragged_lengths(aggregation, mesh1, rules):
+  forward = lambda theta, mb, prox: jnp.einsum("bnd,d->bn", mb.extras["x"], theta)
+  loss = lambda logp: (logp, {})
+  opt = optax.set_to_zero()  # the gradient does not depend on theta; keep it fixed anyway
+  update = make_update(forward, opt, loss, num_minibatches=LIN_TRIALS, num_epochs=1,
+                       microbatch=LIN_SMALL, aggregation=aggregation, max_len=LIN_L, mesh=mesh1,
+                       rules=rules, shuffle=False)
+  theta = jnp.zeros((LIN_D,), jnp.float32)
+  state = update.place(TrainState(theta, opt.init(theta), jnp.zeros((), jnp.int32)))
+  _, metrics = update(state, _linear_batch(LIN_TRIALS * LIN_BIG), jax.random.key(0))
+  g2, trace = noise_scale.estimates(float(metrics["noise/grad_sq_small"]),
+                                    float(metrics["noise/grad_sq_big"]), LIN_SMALL, LIN_BIG)
+  want = _linear_b_simple(aggregation)
+  assert abs(trace / g2 - want) / want < 0.1, (trace / g2, want)
+
+
+def test_accumulate_skips_micro_batches_without_tokens():
+  grad_fn = lambda theta, x: ((jnp.zeros(()), {}), x * theta)
+  micro = jnp.array([[1.0, 0.0], [0.0, 2.0], [0.0, 0.0]])  # the last one has no tokens
+  grads, _, _, small_sq = accumulate(grad_fn, jnp.ones(2), micro, jnp.array([0.5, 0.5, 0.0]))
+  np.testing.assert_allclose(grads, [1.0, 2.0])
+  assert float(small_sq) == pytest.approx((4.0 + 16.0) / 2)  # mean over the two with a share
 
 
 def test_estimator_algebra_by_hand():

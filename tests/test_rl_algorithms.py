@@ -12,7 +12,8 @@ from flax import nnx
 from rlscale import models, optim
 from rlscale.rl import grpo
 from rlscale.rl.advantages import ADVANTAGES
-from rlscale.rl.losses import KL_ESTIMATORS, clipped_surrogate, entropy, token_weights
+from rlscale.rl.losses import (KL_ESTIMATORS, clipped_surrogate, entropy, microbatch_shares,
+                               token_weights)
 from rlscale.rl.update import SequenceBatch, TrainState, make_update, policy_forward
 
 REWARDS = jnp.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
@@ -72,6 +73,19 @@ def test_aggregation_weights_by_hand():
                              [[0.25, 0.25, 0], [0.5, 0, 0]])
   np.testing.assert_allclose(token_weights(mask, "seq-mean-token-sum-norm", 3),
                              [[1 / 6, 1 / 6, 0], [1 / 6, 0, 0]])
+
+
+@pytest.mark.parametrize("mode, want", [
+    ("token-mean", [0.5, 0.5, 0.0]),  # 3 of the 6 tokens each
+    ("seq-mean-token-mean", [1 / 3, 1 / 3, 0.0]),  # 2 of 6 rows each (an empty row counts)
+    ("seq-mean-token-sum-norm", [1 / 3, 1 / 3, 0.0]),  # weights sum to 1/6 each, not 1/3
+])
+def test_microbatch_shares_by_hand(mode, want):
+  # Three micro-batches of two rows: lengths (2, 1), (3, 0), (0, 0); max_len 3.
+  lengths = np.array([[2, 1], [3, 0], [0, 0]])
+  mask = jnp.asarray(np.arange(3)[None, None] < lengths[..., None])
+  w = token_weights(mask.reshape(6, 3), mode, 3).reshape(3, 2, 3)
+  np.testing.assert_allclose(microbatch_shares(mask, w, mode, 3), want, rtol=1e-6)
 
 
 RL = dict(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.05, kl_estimator="k3", entropy_coef=0.01)

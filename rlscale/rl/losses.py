@@ -118,3 +118,20 @@ def seq_mean_token_sum_norm(mask_BxN, max_len: int):
 
 def token_weights(mask_BxN, mode: str, max_len: int):
   return AGGREGATIONS.get(mode)(mask_BxN, max_len)
+
+
+def microbatch_shares(mask_MxbxN, weights_MxbxN, mode: str, max_len: int):
+  """Each micro-batch's share of its mini-batch's loss, [M]: the sum of its tokens' mini-batch
+  weights over the sum of the weights `mode` gives it on its own.
+
+  Every aggregation weights a micro-batch's tokens in proportion to their weights on its own
+  (n_i / N for token-mean, b / B for the per-sequence modes), so grads_i / share_i is the
+  gradient the micro-batch would have alone: the small-batch gradient of the noise scale. The
+  sum of the mini-batch weights alone is that ratio only where the weights sum to 1, which
+  seq-mean-token-sum-norm's (sum of lengths / max_len / B) do not. A micro-batch without
+  tokens has share 0.
+  """
+  alone = jax.vmap(lambda m: token_weights(m, mode, max_len))(mask_MxbxN)
+  own = jnp.sum(alone.reshape(alone.shape[0], -1), axis=1)
+  mine = jnp.sum(weights_MxbxN.reshape(weights_MxbxN.shape[0], -1), axis=1)
+  return jnp.where(own > 0, mine / jnp.where(own > 0, own, 1.0), 0.0)

@@ -23,7 +23,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rlscale import sharding
-from rlscale.rl.losses import token_weights
+from rlscale.rl.losses import microbatch_shares, token_weights
 
 
 class TrainState(NamedTuple):
@@ -105,9 +105,11 @@ def accumulate(grad_fn, params, micro, shares, measure: bool = True):
   """Sum a micro-batched gradient and measure the micro-batches' own mean gradients.
 
   `grad_fn(params, x) -> ((value, aux), grads)` for one micro-batch `x` (leading axis of
-  `micro` indexes micro-batches); `shares[i]` is micro-batch i's share of the mini-batch's total
-  loss weight, so grads_i / shares[i] is that micro-batch's mean gradient.
-  Returns (summed grads, stacked values, stacked aux, mean over i of |grads_i / shares[i]|^2).
+  `micro` indexes micro-batches); `shares[i]` is micro-batch i's share of the mini-batch's loss
+  (losses.microbatch_shares), so grads_i / shares[i] is the gradient it would have on its own.
+  Returns (summed grads, stacked values, stacked aux, mean over i of |grads_i / shares[i]|^2),
+  the mean taken over the micro-batches with a positive share: one without tokens has no
+  gradient of its own, and counting it as 0 would pull the small-batch norm down.
   """
   def body(carry, xs):
     grads, small_sq = carry
@@ -120,7 +122,7 @@ def accumulate(grad_fn, params, micro, shares, measure: bool = True):
   zeros = jax.tree.map(jnp.zeros_like, params)
   (grads, small_sq), (values, aux) = jax.lax.scan(body, (zeros, jnp.zeros((), jnp.float32)),
                                                    (micro, shares))
-  return grads, values, aux, small_sq / shares.shape[0]
+  return grads, values, aux, small_sq / jnp.maximum(jnp.sum(shares > 0), 1)
 
 
 def permutation(key, rows: int, group_size: int, by_group) -> jax.Array:
@@ -164,7 +166,7 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
     n_micro = rows // microbatch
     split = lambda x: x.reshape((n_micro, microbatch) + x.shape[1:])
     micro = jax.tree.map(split, (mb, w, mw))
-    shares = jnp.sum(micro[1].reshape(n_micro, -1), axis=1)
+    shares = microbatch_shares(micro[0].resp_mask, micro[1], aggregation, max_len)
     grads, values, metrics, small_sq = accumulate(
         lambda p, x: grad_fn(p, x, state.prox), state.params, micro, shares,
         measure_noise and n_micro > 1)
