@@ -37,6 +37,25 @@ def test_dr_grpo_and_rloo_by_hand():
     ADVANTAGES.get("ppo2")
 
 
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
+@pytest.mark.parametrize("jit", [False, True])
+def test_equal_rewards_give_exactly_zero_advantage(name, jit):
+  # Partial credit makes any reward value possible; the group mean of a non-representable value
+  # is not that value in float32, and GRPO divides the residue by std + eps (~1e-6).
+  fn = ADVANTAGES.get(name)
+  fn = jax.jit(fn) if jit else fn
+  values = [0.7, 0.1, 1 / 3, 1e6, -2.5, 0.0, 1.0, -1e-7, 3.14159, 123.456, -0.3, 2.0 ** -20]
+  for g in (2, 3, 4, 5, 7, 8, 16, 64):
+    rewards = jnp.asarray(np.repeat(np.asarray(values, np.float32)[:, None], g, 1))
+    a = np.asarray(fn(rewards))
+    assert np.all(a == 0.0), (g, values[int(np.argmax(np.abs(a).max(1)))], np.abs(a).max())
+  # Beside an unequal group the equal one stays 0 and the unequal one is as by hand.
+  mixed = fn(jnp.array([[0.7, 0.7, 0.7, 0.7], [0.7, 0.1, 0.1, 0.7]]))
+  assert np.all(np.asarray(mixed[0]) == 0.0)
+  np.testing.assert_allclose(mixed[1], np.asarray(ADVANTAGES.get(name)(REWARDS[:1]))[0] *
+                             {"grpo": 1.0, "dr_grpo": 0.6, "rloo": 0.6}[name], rtol=1e-5)
+
+
 def test_clipped_surrogate_by_hand():
   log = lambda x: jnp.log(jnp.asarray(x, jnp.float32))
   old = log([1.0, 1.0, 1.0, 1.0, 1.0])

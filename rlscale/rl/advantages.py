@@ -10,29 +10,39 @@ from rlscale.rl.registry import Registry
 ADVANTAGES = Registry("advantage estimator")
 
 
+def _offsets(rewards_PxG):
+  """Rewards relative to their group's first one. Every estimator here depends only on these
+  differences, and they are exactly 0 for a group of equal rewards, so its advantages are
+  exactly 0: the group mean of e.g. 0.7s is not 0.7 in float32, and GRPO would divide that
+  rounding residue by a std of 0 + eps into an advantage of order 0.1."""
+  return rewards_PxG - rewards_PxG[..., :1]
+
+
 @ADVANTAGES.register("grpo")
 def grpo(rewards_PxG, eps: float = 1e-6):
   """Group-relative: (r - group mean) / (group std + eps), std with Bessel's correction.
 
   As in DeepSeekMath's GRPO (and TRL, verl). A group whose rewards are all equal gets 0.
   """
-  centered = rewards_PxG - jnp.mean(rewards_PxG, axis=-1, keepdims=True)
-  std = jnp.std(rewards_PxG, axis=-1, keepdims=True, ddof=1)
+  d = _offsets(rewards_PxG)
+  centered = d - jnp.mean(d, axis=-1, keepdims=True)
+  std = jnp.std(d, axis=-1, keepdims=True, ddof=1)
   return centered / (std + eps)
 
 
 @ADVANTAGES.register("dr_grpo")
 def dr_grpo(rewards_PxG):
   """Dr. GRPO (Liu et al. 2025): the group mean is subtracted, the std is not divided out."""
-  return rewards_PxG - jnp.mean(rewards_PxG, axis=-1, keepdims=True)
+  d = _offsets(rewards_PxG)
+  return d - jnp.mean(d, axis=-1, keepdims=True)
 
 
 @ADVANTAGES.register("rloo")
 def rloo(rewards_PxG):
   """Leave-one-out baseline (Ahmadian et al. 2024): r_i - mean of the group's other rewards."""
   g = rewards_PxG.shape[-1]
-  total = jnp.sum(rewards_PxG, axis=-1, keepdims=True)
-  return rewards_PxG - (total - rewards_PxG) / (g - 1)
+  d = _offsets(rewards_PxG)
+  return d - (jnp.sum(d, axis=-1, keepdims=True) - d) / (g - 1)
 
 
 def token_rewards(score_B, mask_BxN, kl_BxN=None, kl_coef: float = 0.0):
