@@ -9,7 +9,10 @@ setup(
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
-    packages=find_packages(include=["rlscale", "rlscale.*"]),
+    # The experiment configs stay in the checkout's configs/ (one copy) and install as
+    # rlscale.configs, so `rlscale --config=configs/grpo.py` works from any directory.
+    packages=find_packages(include=["rlscale", "rlscale.*"]) + ["rlscale.configs"],
+    package_dir={"rlscale.configs": "configs"},
     install_requires=[
         "jax>=0.10.2",
         "flax>=0.12.8",
@@ -23,6 +26,7 @@ setup(
         "jinja2>=3.1",  # chat templates of Hugging Face checkpoints
         "tensorboardX>=2.6",  # TensorBoard event files without TensorFlow
     ],
+    entry_points={"console_scripts": ["rlscale = rlscale.main:run"]},  # = python -m rlscale
     extras_require={
         "test": ["pytest>=8", "tensorflow-datasets>=4.9", "safetensors>=0.4"],  # the latter: a cross-check
         # TFDS math_dataset through tfds.data_source (no TensorFlow needed).

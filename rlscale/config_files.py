@@ -1,4 +1,9 @@
-"""Experiment config files: `path/to/config.py[:arg]` -> its `get_config(arg)`."""
+"""Experiment config files: `path/to/config.py[:arg]` -> its `get_config(arg)`.
+
+The shipped configs live in the checkout's `configs/` and are installed as the package
+`rlscale.configs`, so `configs/grpo.py`, `grpo.py` and `rlscale.configs.grpo` name the same
+file from any directory once rlscale is installed; a file that exists as written always wins.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +12,61 @@ import os
 
 import ml_collections
 
+PACKAGE = "rlscale.configs"
 
-def load(spec: str, relative_to: str | None = None) -> ml_collections.ConfigDict:
-  """`path/to/config.py[:arg]` -> get_config(arg).
 
-  A relative path that does not exist is looked up beside the repository of `relative_to`
-  (the config file that names it).
+def packaged_dirs() -> list[str]:
+  """Folders holding the shipped configs: the installed package, else the checkout's configs/."""
+  try:
+    spec = importlib.util.find_spec(PACKAGE)
+  except ImportError:
+    spec = None
+  if spec is not None and spec.submodule_search_locations:
+    return list(spec.submodule_search_locations)
+  # An editable install made before rlscale.configs existed maps only rlscale/; the checkout
+  # still has configs/ beside it.
+  import rlscale
+  checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(rlscale.__file__))),
+                          "configs")
+  return [checkout] if os.path.isdir(checkout) else []
+
+
+def _shipped_name(path: str) -> str | None:
+  """The file name inside rlscale.configs that `path` may mean, or None if it names another place."""
+  prefix = PACKAGE + "."
+  if path.startswith(prefix) and not path.endswith(".py"):
+    return path[len(prefix):] + ".py"
+  head, name = os.path.split(os.path.normpath(path))
+  if head in ("", "configs") and name.endswith(".py"):
+    return name
+  return None
+
+
+def find(spec: str, relative_to: str | None = None) -> tuple[str, str]:
+  """`path[:arg]` -> (an existing file, arg).
+
+  Looked up in order: as written (relative to the current directory); beside the repository of
+  `relative_to` (the config file that names this one); among the shipped configs.
   """
   path, _, arg = spec.partition(":")
-  if not os.path.exists(path) and relative_to:
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(relative_to))), path)
+  candidates = [path]
+  if relative_to and not os.path.isabs(path):
+    config_dir = os.path.dirname(os.path.abspath(relative_to.partition(":")[0]))
+    candidates.append(os.path.join(os.path.dirname(config_dir), path))
+  name = _shipped_name(path)
+  if name:
+    candidates += [os.path.join(d, name) for d in packaged_dirs()]
+  for candidate in candidates:
+    if os.path.isfile(candidate):
+      return candidate, arg
+  raise FileNotFoundError(
+      f"config file {path!r} not found; looked in {', '.join(map(repr, candidates))} "
+      f"(current directory {os.getcwd()!r})")
+
+
+def load(spec: str, relative_to: str | None = None) -> ml_collections.ConfigDict:
+  """`path/to/config.py[:arg]` -> get_config(arg); see `find` for where the file is looked up."""
+  path, arg = find(spec, relative_to)
   module_spec = importlib.util.spec_from_file_location("rlscale_config", path)
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
