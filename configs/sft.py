@@ -12,6 +12,15 @@ import ml_collections
 from rlscale import config_common as common
 
 
+def tiny(c: ml_collections.ConfigDict) -> None:
+  """Seconds on a laptop: the tests' shape."""
+  c.model.update(d_model=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32, mlp_dim=128)
+  c.task.num_eval = 64
+  c.sft.batch_size = c.sft.microbatch = 32
+  c.train.num_steps, c.train.eval_every, c.train.checkpoint_every = 6, 3, 3
+  c.eval.generation_batch = 64
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.kind = "sft"  # which trainer runs this config
@@ -19,7 +28,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   common.arithmetic_default(c)  # model, mesh, task
   c.sft = ml_collections.ConfigDict()
   c.sft.batch_size = 128  # demonstrations per step (global)
-  c.sft.microbatch = 128  # rows per forward/backward pass
+  c.sft.microbatch = 128  # rows per forward/backward pass ('auto': rlscale/batch.py chooses)
   c.optim = common.optim(lr=2e-3)
   c.optim.warmup_responses = 2560  # 20 steps, then constant: decay learns slower in this budget
   c.train = common.run(num_steps=900)
@@ -27,12 +36,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.train.checkpoint_every = 100  # save every N steps
   c.eval = ml_collections.ConfigDict()
   c.eval.generation_batch = 512  # held-out rows per compiled decode call
-  if arg == "tiny":
-    c.model.update(d_model=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32, mlp_dim=128)
-    c.task.num_eval = 64
-    c.sft.batch_size = c.sft.microbatch = 32
-    c.train.num_steps, c.train.eval_every, c.train.checkpoint_every = 6, 3, 3
-    c.eval.generation_batch = 64
-  elif arg:
-    raise ValueError(f"configs/sft.py: unknown variant {arg!r} (known: tiny)")
+  common.apply_arg(c, arg, {"tiny": tiny}, common.ALIASES)
   return c

@@ -7,7 +7,12 @@ field carries its comment here, where it is defined.
 from __future__ import annotations
 
 import ml_collections
-from ml_collections.config_dict import placeholder
+from ml_collections.config_dict import FieldReference, placeholder
+
+
+def auto_or_int() -> FieldReference:
+  """A size field that is 'auto' (the batch plan chooses, rlscale/batch.py) or an integer."""
+  return FieldReference("auto", field_type=object)
 
 
 def model(name: str = "tiny", **overrides) -> ml_collections.ConfigDict:
@@ -135,7 +140,7 @@ def rollout(max_new_tokens: int) -> ml_collections.ConfigDict:
   c.temperature = 1.0  # sampling temperature of the training responses
   c.top_k = 0  # 0 keeps every token
   c.top_p = 1.0  # 1 keeps every token
-  c.generation_batch = 1024  # responses per compiled decode call (capped at the step's batch)
+  c.generation_batch = auto_or_int()  # responses per compiled decode call; auto: rlscale/batch.py
   c.decode_chunk = 64  # KV-cache slots per chunk of generated tokens
   return c
 
@@ -145,3 +150,79 @@ def evaluation() -> ml_collections.ConfigDict:
   c.sampled = True  # also score one temperature-1 response per held-out problem
   c.generation_batch = 512  # held-out rows per compiled decode call
   return c
+
+
+def rl(num_prompts: int, group_size: int, **overrides) -> ml_collections.ConfigDict:
+  """The RL step's batch and the policy loss terms every algorithm shares."""
+  c = ml_collections.ConfigDict()
+  c.num_prompts = num_prompts  # P: prompts per RL step
+  c.group_size = group_size  # G: responses per prompt
+  c.num_minibatches = 1  # optimizer steps per epoch; a mini-batch is P*G/num_minibatches
+  c.num_epochs = 1  # passes over each step's responses
+  c.microbatch = auto_or_int()  # responses per forward/backward pass (never changes the gradient)
+  c.clip_eps_low = 0.2  # ratio clip 1 - eps_low
+  c.clip_eps_high = 0.28  # ratio clip 1 + eps_high (DAPO's clip-higher)
+  c.kl_coef = 0.0  # weight of the KL penalty to the frozen base policy; 0 skips it
+  c.kl_estimator = "k3"  # k1 | k2 | k3
+  c.entropy_coef = 0.0  # entropy bonus weight
+  c.loss_aggregation = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
+  c.old_logprobs = "sampler"  # sampler: log-probs recorded while sampling; recompute: a forward
+  c.update(overrides)
+  return c
+
+
+def critic(lr: float, reference_batch: int) -> ml_collections.ConfigDict:
+  """PPO's value model: its backbone, batches, loss and optimizer."""
+  c = ml_collections.ConfigDict()
+  c.hf_checkpoint = ""  # the critic's backbone; empty: the base policy's
+  c.num_minibatches = 1  # critic optimizer steps per epoch
+  c.num_epochs = 1  # critic passes over each step's responses
+  c.microbatch = auto_or_int()  # responses per forward/backward pass of the critic
+  c.value_clip = 0.2  # clip of the value update around the old values; 0: off
+  c.warmup_steps = 10  # RL steps that train only the critic (its head starts random)
+  c.optim = optim(lr=lr)
+  c.optim.reference_batch = reference_batch  # responses per critic optimizer step of lr
+  return c
+
+
+def apply_arg(c: ml_collections.ConfigDict, arg: str | None, variants=None, aliases=None) -> None:
+  """big_vision-style config arguments: `tiny`, `p=16,g=8`, `tiny,rl.num_epochs=2`.
+
+  A bare word names a variant (a function that edits `c`); `key=value` sets a field, by its
+  dotted path or an alias (`p` for rl.num_prompts), parsed as the field's current type.
+  """
+  variants, aliases = variants or {}, aliases or {}
+  for token in filter(None, (t.strip() for t in (arg or "").split(","))):
+    key, eq, value = token.partition("=")
+    if not eq:
+      if key not in variants:
+        raise ValueError(f"config argument {key!r}: not a variant; known: {sorted(variants)}, "
+                         f"or key=value with keys {sorted(aliases)} or a dotted field")
+      variants[key](c)
+      continue
+    path = aliases.get(key, key).split(".")
+    node = c
+    for name in path[:-1]:
+      node = node[name]
+    if path[-1] not in node:
+      raise ValueError(f"config argument {token!r}: no field {'.'.join(path)}")
+    node[path[-1]] = _parse(value, node[path[-1]])
+
+
+def _parse(text: str, like):
+  if isinstance(like, bool):
+    return text.lower() in ("1", "true", "yes")
+  for kind in (int, float):
+    if isinstance(like, kind):
+      return kind(text)
+  if like == "auto" or like is None:
+    try:
+      return int(text)
+    except ValueError:
+      return text
+  return text
+
+
+ALIASES = {"p": "rl.num_prompts", "g": "rl.group_size", "lr": "optim.lr",
+           "model": "model.name", "steps": "train.num_steps",
+           "responses": "train.total_responses", "seed": "seed"}

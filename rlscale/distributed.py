@@ -68,3 +68,18 @@ def host_local(x: jax.Array) -> np.ndarray:
     raise ValueError(f"array of {x.shape[0]} rows is not batch-sharded over this process's "
                      f"devices: it holds {out.shape[0]} rows, its share is {rows.stop - rows.start}")
   return out
+
+
+def global_sum(x) -> float:
+  """The sum of `x` over every process's values (each process passes its own rows)."""
+  x = float(np.sum(x))
+  if jax.process_count() == 1:
+    return x
+  from jax.experimental import multihost_utils
+  return float(np.sum(multihost_utils.process_allgather(np.array([x]))))
+
+
+def global_mean(x) -> float:
+  """The mean over every process's rows; each process holds the same number."""
+  x = np.asarray(x, np.float64)
+  return global_sum(x) / (x.size * jax.process_count())

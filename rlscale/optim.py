@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import optax
 
 RULES = ("none", "linear", "sqrt")
+SCHEDULES = ("constant", "cosine", "linear")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +46,25 @@ def scale(cfg: Mapping[str, Any], batch: float) -> Scaled:
   return Scaled(lr, b1, b2, eps, k)
 
 
+def check(cfg: Mapping[str, Any], prefix: str = "optim") -> list[str]:
+  """Errors of an optimizer section, each naming `prefix.field`."""
+  errors = []
+  lr = cfg.get("lr")
+  if isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr <= 0:
+    errors.append(f"{prefix}.lr={lr!r} must be a positive number")
+  if cfg.get("schedule", "constant") not in SCHEDULES:
+    errors.append(f"{prefix}.schedule={cfg['schedule']!r}; known: {', '.join(SCHEDULES)}")
+  if cfg.get("lr_scaling", "none") not in RULES:
+    errors.append(f"{prefix}.lr_scaling={cfg['lr_scaling']!r}; known: {RULES}")
+  ref = cfg.get("reference_batch")
+  if ref is not None and ref <= 0:
+    errors.append(f"{prefix}.reference_batch={ref} must be positive")
+  for f in ("warmup_responses", "final_lr_frac", "weight_decay", "grad_clip"):
+    if cfg.get(f, 0) < 0:
+      errors.append(f"{prefix}.{f}={cfg[f]} must be >= 0")
+  return errors
+
+
 def schedule(cfg: Mapping[str, Any], lr: float, total_responses: float,
              responses_per_step: float) -> optax.Schedule:
   """lr at optimizer step s, where step s has consumed s * responses_per_step responses.
@@ -53,8 +73,8 @@ def schedule(cfg: Mapping[str, Any], lr: float, total_responses: float,
   lr * final_lr_frac at `total_responses`.
   """
   kind = cfg.get("schedule", "constant")
-  if kind not in ("constant", "cosine", "linear"):
-    raise ValueError(f"optim.schedule={kind!r}; known: constant, cosine, linear")
+  if kind not in SCHEDULES:
+    raise ValueError(f"optim.schedule={kind!r}; known: {', '.join(SCHEDULES)}")
   warm = float(cfg.get("warmup_responses", 0))
   final = lr * float(cfg.get("final_lr_frac", 0.0))
   span = max(total_responses - warm, 1.0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -51,3 +51,16 @@ def sequence_batch(prompt_tokens, prompt_mask, out: Rollout, mesh: Mesh, rules) 
   tokens = jnp.concatenate([pt, out.tokens], axis=1)
   mask = jnp.concatenate([pm, out.mask], axis=1)
   return SequenceBatch(tokens, mask, out.mask, {})
+
+
+def reward_metrics(rewards, correct, finished, resp_mask, group_size: int) -> dict[str, Any]:
+  """The step's reward and response metrics over all processes (this process's rows given)."""
+  groups = rewards.reshape(-1, group_size)
+  lengths = resp_mask.sum(axis=1)
+  g_sum, g_mean = distributed.global_sum, distributed.global_mean
+  return {"reward/mean": g_mean(rewards), "reward/std": float(np.std(rewards)),
+          "reward/accuracy": g_mean(correct), "reward/finished": g_mean(finished),
+          "reward/solved_groups": g_mean(groups.min(axis=1) > 0),
+          "reward/unsolved_groups": g_mean(groups.max(axis=1) == 0),
+          "response/length_mean": g_mean(lengths), "response/length_max": int(lengths.max()),
+          "response_tokens": int(g_sum(lengths.sum()))}

@@ -16,11 +16,11 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from rlscale import distributed, experiment, models, optim, sharding
-from rlscale.checkpointing import Checkpointer
+from rlscale import batch, distributed, experiment, models, optim, sharding
 from rlscale.checkpoints import hf
 from rlscale.evaluation import Evaluator
-from rlscale.metrics_writer import MetricsWriter, Progress, write_json
+from rlscale.loop import Loop, Pending
+from rlscale.metrics_writer import write_json
 from rlscale.rl.losses import entropy
 from rlscale.rl.update import SequenceBatch, TokenInputs, TrainState, make_update, policy_forward
 from rlscale.tasks.base import left_pad, right_pad
@@ -43,72 +43,90 @@ def demonstrations(task, problems):
   return pt, pm, at, am
 
 
-def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
-  env = experiment.setup(cfg)
-  mesh, rules, task = env.mesh, env.rules, env.task
-  experiment.prepare_workdir(workdir, cfg)
-  s = cfg.sft
-  steps = cfg.train.num_steps
-  key = jax.random.key(cfg.seed)
-  policy = models.create_sharded(models.CausalLM, env.model_cfg, mesh, rules,
-                                 jax.random.fold_in(key, 0))
-  graphdef, params = nnx.split(policy)
-  optimizer, _ = optim.make(cfg.optim, batch=s.batch_size, total_responses=steps * s.batch_size,
-                            responses_per_step=s.batch_size)
-  state = TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32))
-  update = make_update(policy_forward(graphdef), optimizer, nll_loss, num_minibatches=1, num_epochs=1,
-                       microbatch=s.microbatch, aggregation="token-mean",
-                       max_len=task.max_answer_len, mesh=mesh, rules=rules, shuffle=False)
-  evaluator = Evaluator(task, graphdef, mesh, rules, max_new_tokens=task.max_answer_len,
-                        generation_batch=cfg.eval.generation_batch, sampled=False)
+class SFTTrainer:
+  """Steps of `sft.batch_size` demonstrations; the loop (rlscale/loop.py) runs them."""
+  sample_key = "examples_seen"
 
-  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), cfg.train.keep_checkpoints,
-                      cfg.train.async_checkpoint)
-  start = ckpt.latest_step() or 0
-  state = update.place(state)
-  if start:
-    state, meta = ckpt.restore(start, state)
-    logging.info("resumed from step %d", start)
-  writer = MetricsWriter(workdir, resume_step=start, tensorboard=cfg.train.tensorboard)
-  progress = Progress(steps, cfg.train.log_every, start)
-  rows = distributed.process_rows(s.batch_size)
-  t0 = time.time()
-  last_eval = {}
-  try:
-    for step in range(start + 1, steps + 1):
-      # Step k trains on problems [(k-1) * batch, k * batch) of the stream: the data position.
-      first = (step - 1) * s.batch_size
-      problems = task.problems(first + rows.start, rows.stop - rows.start)
-      pt, pm, at, am = demonstrations(task, problems)
-      batch = SequenceBatch(
-          sharding.put_batch(np.concatenate([pt, at], 1), mesh, rules),
-          sharding.put_batch(np.concatenate([pm, am], 1), mesh, rules),
-          sharding.put_batch(am, mesh, rules), {})
-      state, metrics = update(state, batch, jax.random.fold_in(key, step))
-      metrics = {f"sft/{k}": v for k, v in jax.device_get(metrics).items()}
-      if not np.isfinite(metrics["sft/loss"]):
-        raise FloatingPointError(f"step {step}: loss is {metrics['sft/loss']}; "
-                                 f"the last checkpoint (step {ckpt.latest_step()}) is intact")
-      every = cfg.train.eval_every
-      if step == steps or (every and step % every == 0):
-        last_eval = evaluator(state.params, jax.random.fold_in(key, 10**6 + step))
-        metrics.update(last_eval)
-      metrics.update(wall_time=time.time() - t0, examples_seen=step * s.batch_size)
-      writer.write(step, metrics)
-      progress.update(step, {"loss": float(metrics["sft/loss"]),
-                             "eval acc": last_eval.get("eval/accuracy_greedy")})
-      every = cfg.train.checkpoint_every
-      if step == steps or (every and step % every == 0):
-        ckpt.save(step, state, {"step": step})
-  finally:
-    ckpt.close()  # completes the saves it began, also when interrupted
-    writer.close()
-  policy = nnx.merge(graphdef, state.params)
-  out = os.path.join(workdir, "policy")
-  hf.save_policy(policy, out)
-  summary = {"kind": "sft", "steps": steps, "wall_time": time.time() - t0, **last_eval}
-  write_json(os.path.join(workdir, "summary.json"), summary)
-  if jax.process_index() == 0:
-    with open(os.path.join(out, DONE), "w") as f:
-      f.write("ok\n")
-  return summary
+  def __init__(self, cfg: ml_collections.ConfigDict, workdir: str):
+    self.cfg, self.workdir = cfg, workdir
+    self.env = env = experiment.setup(cfg)
+    experiment.prepare_workdir(workdir, cfg)
+    self.plan = batch.plan_for(cfg, env)
+    logging.info("batch plan: %s", self.plan.summary_line())
+    self.batch_size = self.samples_per_step = self.plan.num_prompts
+    self.key = jax.random.key(cfg.seed)
+    policy = models.create_sharded(models.CausalLM, env.model_cfg, env.mesh, env.rules,
+                                   jax.random.fold_in(self.key, 0))
+    self.graphdef, params = nnx.split(policy)
+    optimizer, _ = optim.make(cfg.optim, batch=self.batch_size,
+                              total_responses=self.plan.total_responses,
+                              responses_per_step=self.batch_size)
+    self.update = make_update(policy_forward(self.graphdef), optimizer, nll_loss,
+                              num_minibatches=1, num_epochs=1,
+                              microbatch=self.plan.main.microbatch, aggregation="token-mean",
+                              max_len=env.task.max_answer_len, mesh=env.mesh, rules=env.rules,
+                              shuffle=False)
+    self.train_state = self.update.place(
+        TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32)))
+    self.evaluator = Evaluator(env.task, self.graphdef, env.mesh, env.rules,
+                               max_new_tokens=env.task.max_answer_len,
+                               generation_batch=cfg.eval.generation_batch, sampled=False)
+    self.rows = distributed.process_rows(self.batch_size)
+    self.counters = {"examples_seen": 0}
+
+  def state(self):
+    return self.train_state
+
+  def load(self, state, meta) -> None:
+    self.train_state = state
+
+  def meta(self) -> dict:
+    return {}
+
+  def begin(self, step: int) -> float:
+    return time.time()
+
+  def complete(self, step: int, t_begin: float, t_start: float) -> Pending:
+    """Step k trains on problems [(k-1) * batch, k * batch) of the stream."""
+    first = (step - 1) * self.batch_size
+    problems = self.env.task.problems(first + self.rows.start, self.rows.stop - self.rows.start)
+    pt, pm, at, am = demonstrations(self.env.task, problems)
+    mesh, rules = self.env.mesh, self.env.rules
+    seq = SequenceBatch(sharding.put_batch(np.concatenate([pt, at], 1), mesh, rules),
+                        sharding.put_batch(np.concatenate([pm, am], 1), mesh, rules),
+                        sharding.put_batch(am, mesh, rules), {})
+    t_update = time.time()
+    self.train_state, metrics = self.update(self.train_state, seq,
+                                            jax.random.fold_in(self.key, step))
+    self.counters["examples_seen"] += self.batch_size
+    return Pending(step, {"sft": metrics}, {}, {"data": t_update - t_begin}, t_start, t_update)
+
+  def metrics(self, p: Pending, fetched) -> dict:
+    return {f"sft/{k}": v for k, v in fetched["sft"].items()}
+
+  def rates(self, p: Pending, wall: float) -> dict:
+    return {"throughput/examples_per_s": self.batch_size / wall}
+
+  def evaluate(self, step: int) -> dict:
+    return self.evaluator(self.train_state.params, jax.random.fold_in(self.key, 10**6 + step))
+
+  def progress(self, row: dict, last_eval: dict) -> dict:
+    return {"loss": float(row["sft/loss"]), "eval acc": last_eval.get("eval/accuracy_greedy")}
+
+  def finish(self, counters: dict, last_eval: dict) -> dict:
+    """Export the policy (marked complete last) and write summary.json."""
+    out = os.path.join(self.workdir, "policy")
+    hf.save_policy(nnx.merge(self.graphdef, self.train_state.params), out)
+    summary = {"kind": "sft", "steps": self.plan.num_steps, "batch": self.plan.describe(),
+               "wall_time": counters["wall_time"], **last_eval}
+    write_json(os.path.join(self.workdir, "summary.json"), summary)
+    if jax.process_index() == 0:
+      with open(os.path.join(out, DONE), "w") as f:
+        f.write("ok\n")
+    return summary
+
+
+def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
+  trainer = SFTTrainer(cfg, workdir)
+  loop = Loop(trainer, cfg, workdir, trainer.plan.num_steps, eval_at_start=False)
+  return trainer.finish(*loop.run())

@@ -1,4 +1,4 @@
-"""Run an experiment config: SFT of a base policy, or RL (GRPO) from a base policy."""
+"""Run an experiment config: SFT of a base policy, or RL (any registered algorithm) from one."""
 
 from __future__ import annotations
 
@@ -24,7 +24,5 @@ def main(cfg: ml_collections.ConfigDict, workdir: str | None = None,
   if cfg.kind == "sft":
     from rlscale import sft
     return sft.run(cfg, workdir)
-  if cfg.kind in ("grpo", "ppo"):
-    from rlscale import rl_loop
-    return rl_loop.run(cfg, workdir, config_file)
-  raise ValueError(f"kind={cfg.kind!r}; known: sft, grpo, ppo")
+  from rlscale import rl_loop  # every algorithm of rlscale/rl/algorithm.py
+  return rl_loop.run(cfg, workdir, config_file)

@@ -26,7 +26,7 @@ def test_every_field_has_a_comment():
   """Each field an experiment file sets (before its variants) says what it is for."""
   for name in ("grpo.py", "sft.py", "ppo.py"):
     with open(os.path.join(REPO, "configs", name)) as f:
-      body = f.read().split("  if arg")[0]
+      body = f.read().split("def get_config")[1].split("common.apply_arg")[0]
     for line in body.splitlines():
       s = line.strip()
       if s.startswith("c.") and "=" in s and not s.endswith("ConfigDict()"):
@@ -38,7 +38,7 @@ def test_every_field_has_a_comment():
     ("grpo.py", "rl.microbatch", 96, "rl.microbatch=96 does not divide the mini-batch"),
     ("grpo.py", "rl.microbatch", 4, "rl.microbatch=4 must split over 8 batch shards"),
     ("grpo.py", "rl.group_size", 1, "rl.group_size=1: advantage 'grpo' needs groups of 2+"),
-    ("grpo.py", "rl.num_prompts", 0, "rl.num_prompts=0 must be a positive number"),
+    ("grpo.py", "rl.num_prompts", 0, "rl.num_prompts=0 must be a positive integer"),
     ("grpo.py", "rl.advantage", "ppo", "rl.advantage='ppo'; known:"),
     ("grpo.py", "rl.loss_aggregation", "mean", "rl.loss_aggregation='mean'; known:"),
     ("grpo.py", "rl.kl_estimator", "k4", "rl.kl_estimator='k4'"),

@@ -80,9 +80,10 @@ def _tiny():
 
 
 def test_proximal_policy_is_an_ewma_of_the_weights(mesh1, rules):
-  from rlscale.rl.ppo import make_actor_loss
+  from rlscale.rl.policy_loss import make_policy_loss
   graphdef, params = _tiny()
-  loss = make_actor_loss(dict(clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=0.0, entropy_coef=0.0))
+  loss = make_policy_loss(dict(clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=0.0,
+                                entropy_coef=0.0, kl_coef=0.0, kl_estimator="k1"), False)
   update = make_update(policy_forward(graphdef), optax.sgd(0.5), loss, num_minibatches=1,
                        num_epochs=1, microbatch=2, aggregation="token-mean", max_len=3,
                        mesh=mesh1, rules=rules, prox_decay=0.75)
@@ -104,15 +105,18 @@ def test_proximal_policy_is_an_ewma_of_the_weights(mesh1, rules):
 
 def test_proximal_centre_of_mass_grows_as_the_batch_shrinks(mesh1, rules):
   from rlscale.config_common import noise_scale, optim
-  from rlscale.rl.ppo import make_actor_loss
+  from rlscale.rl.policy_loss import make_policy_loss
+  from rlscale.batch import ModelBatch
   from rlscale.rl.trained import Trained
   graphdef, params = _tiny()
-  loss = make_actor_loss(dict(clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=0.0, entropy_coef=0.0))
+  loss = make_policy_loss(dict(clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=0.0,
+                                entropy_coef=0.0, kl_coef=0.0, kl_estimator="k1"), False)
   cfg = optim(1e-3)
   cfg.reference_batch = 256
   for batch, com in ((256, 4.0), (64, 16.0), (1024, 1.0)):
-    t = Trained("actor", policy_forward(graphdef), loss, params, cfg, responses_per_step=batch,
-                num_minibatches=1, num_epochs=1, microbatch=batch // 2, group_size=1,
+    mb = ModelBatch("actor", minibatch=batch, num_minibatches=1, num_epochs=1,
+                    microbatch=batch // 2, microbatch_auto=False)
+    t = Trained("actor", policy_forward(graphdef), loss, params, cfg, batch=mb, group_size=1,
                 total_responses=10 * batch, aggregation="token-mean", max_len=3, mesh=mesh1,
                 rules=rules, noise_cfg=noise_scale(), prox_com=4.0)
     assert 1 / (1 - t.prox_decay) - 1 == pytest.approx(com)  # k x the steps at 1/k the batch
@@ -124,7 +128,7 @@ def test_ppo_tiny_end_to_end(tmp_path):
   with cfg.unlocked():
     cfg.init.cache_dir = str(tmp_path / "base")
     cfg.init.sft_config = os.path.join(REPO, "configs", "sft.py:tiny")
-    cfg.rl.prox_com = 2.0
+    cfg.kind, cfg.rl.prox_com = "ppo_ewma", 2.0
   summary = train.main(cfg, str(tmp_path / "run"))
   assert summary["compilations"] == {"actor": 1, "critic": 1, "sampler": 1}
   with open(tmp_path / "run" / "metrics.jsonl") as f:

@@ -14,21 +14,22 @@ import jax.numpy as jnp
 from absl import logging
 
 from rlscale import optim
+from rlscale.batch import ModelBatch
 from rlscale.rl import noise_scale
 from rlscale.rl.update import TrainState, make_update
 
 
 class Trained:
+  """`batch` (from the batch plan) says how this model consumes a step's rows."""
+
   def __init__(self, name: str, forward, loss, params, optim_cfg: Mapping[str, Any], *,
-               responses_per_step: int, num_minibatches: int, num_epochs: int, microbatch: int,
-               group_size: int, total_responses: int, aggregation: str, max_len: int, mesh,
-               rules, noise_cfg: Mapping[str, Any], prox_com: float = 0.0):
-    self.name = name
-    self.opt_batch = responses_per_step // num_minibatches  # responses per optimizer step
-    self.microbatch, self.group_size, self.num_epochs = microbatch, group_size, num_epochs
+               batch: ModelBatch, group_size: int, total_responses: int, aggregation: str,
+               max_len: int, mesh, rules, noise_cfg: Mapping[str, Any], prox_com: float = 0.0):
+    self.name, self.batch, self.group_size = name, batch, group_size
+    self.opt_batch = batch.minibatch  # responses per optimizer step
     optimizer, self.scaled = optim.make(optim_cfg, batch=self.opt_batch,
                                         total_responses=total_responses,
-                                        responses_per_step=self.opt_batch / num_epochs)
+                                        responses_per_step=self.opt_batch / batch.num_epochs)
     logging.info("%s: %d responses per optimizer step, k=%.3g of the reference batch: lr %.3g, "
                  "b1 %.4g, b2 %.4g, eps %.3g", name, self.opt_batch, self.scaled.k,
                  self.scaled.lr, self.scaled.b1, self.scaled.b2, self.scaled.eps)
@@ -38,13 +39,13 @@ class Trained:
     if prox_com:
       com = prox_com / self.scaled.k
       self.prox_decay = com / (com + 1.0)
-    self.measure_noise = bool(noise_cfg["enabled"]) and self.opt_batch // microbatch >= 2
+    self.measure_noise = bool(noise_cfg["enabled"]) and batch.num_micro >= 2
     self.prompt_level = (self.measure_noise and bool(noise_cfg["prompt_level"])
-                         and microbatch % group_size == 0)
+                         and batch.microbatch % group_size == 0)
     self.noise = {u: noise_scale.NoiseScale(f"{name}/noise_{u}", noise_cfg["decay"])
                   for u in ("responses", "prompts")}
-    self.update = make_update(forward, optimizer, loss, num_minibatches=num_minibatches,
-                              num_epochs=num_epochs, microbatch=microbatch,
+    self.update = make_update(forward, optimizer, loss, num_minibatches=batch.num_minibatches,
+                              num_epochs=batch.num_epochs, microbatch=batch.microbatch,
                               aggregation=aggregation, max_len=max_len, mesh=mesh, rules=rules,
                               group_size=group_size, measure_noise=self.measure_noise,
                               prox_decay=self.prox_decay)
@@ -69,7 +70,7 @@ class Trained:
                    else ("responses", 1))
       g2, trace = noise_scale.estimates(metrics["noise/grad_sq_small"],
                                         metrics["noise/grad_sq_big"],
-                                        self.microbatch / per, self.opt_batch / per)
+                                        self.batch.microbatch / per, self.opt_batch / per)
       out.update(self.noise[unit].update(g2, trace))
       other = "responses" if unit == "prompts" else "prompts"
       out.update(self.noise[other].current())  # every step carries both B_simple values

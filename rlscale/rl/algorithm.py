@@ -1,0 +1,109 @@
+"""The algorithm contract: what the RL loop asks of GRPO, PPO or any other algorithm.
+
+The loop samples responses, scores them and builds the step's `SequenceBatch` on the mesh; an
+algorithm turns that into updates of its trained models. It never learns which algorithm it
+runs. An algorithm is one file that registers a class under the name a config's `kind` uses:
+
+    @ALGORITHMS.register("my_algo")
+    class MyAlgo:
+      @staticmethod
+      def check(cfg) -> list[str]: ...          # its own config errors, before any compute
+      def __init__(self, ctx: Context): ...      # builds its Trained models
+      models: dict[str, Trained]                 # "actor" is the policy being sampled
+      def prepare(self, batch, sample_logp, scores) -> (phase seconds, metrics)
+      def update(self, batch, key, step, by_group) -> (phase seconds, {model: device metrics})
+      def extra_forwards(self) -> int            # forward passes over the batch besides updates
+
+`scores` are the verifier's rewards of the step's responses, already on the mesh (sharded
+over the batch axes like every row of `batch`); metrics may stay on the device until the
+loop fetches them with the step's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+import jax
+import ml_collections
+from flax import nnx
+
+from rlscale.batch import BatchPlan
+from rlscale.rl.registry import Registry
+
+ALGORITHMS = Registry("algorithm")
+
+
+@dataclasses.dataclass
+class Context:
+  """What an algorithm is built from."""
+  cfg: ml_collections.ConfigDict
+  plan: BatchPlan
+  env: Any  # experiment.Setup: mesh, rules, task, model config
+  graphdef: nnx.GraphDef  # the policy's
+  params: nnx.State  # the policy's, as loaded from the base
+  base: str  # the base policy's Hugging Face folder (a critic may start from it)
+
+
+class Algorithm(Protocol):
+  models: dict[str, Any]
+
+  def prepare(self, batch, sample_logp: jax.Array,
+              scores: jax.Array) -> tuple[dict[str, float], dict[str, Any]]: ...
+
+  def update(self, batch, key: jax.Array, step: int,
+             by_group: bool) -> tuple[dict[str, float], dict[str, Any]]: ...
+
+  def extra_forwards(self) -> int: ...
+
+
+def check(cfg: ml_collections.ConfigDict) -> list[str]:
+  """The config errors of `cfg.kind`'s algorithm (an unknown kind is one)."""
+  register_all()
+  if cfg.kind not in ALGORITHMS:
+    return [f"kind={cfg.kind!r}; known: sft, {', '.join(sorted(ALGORITHMS))}"]
+  return ALGORITHMS[cfg.kind].check(cfg)
+
+
+def build(ctx: Context) -> Algorithm:
+  register_all()
+  return ALGORITHMS.get(ctx.cfg.kind)(ctx)
+
+
+def register_all() -> None:
+  """Import every module of rlscale.rl, so that each algorithm file registers itself."""
+  import importlib
+  import pkgutil
+  import rlscale.rl
+  for module in pkgutil.iter_modules(rlscale.rl.__path__):
+    importlib.import_module(f"rlscale.rl.{module.name}")
+
+
+def trained_model(ctx: Context, name: str, forward, loss, params, optim_cfg, prox_com: float = 0.0):
+  """A `Trained` model sized by the plan's batch for `name` ("actor", "critic")."""
+  from rlscale.rl.trained import Trained
+  cfg = ctx.cfg
+  return Trained(name, forward, loss, params, optim_cfg, batch=ctx.plan.models[name],
+                 group_size=ctx.plan.group_size, total_responses=ctx.plan.total_responses,
+                 aggregation=cfg.rl.loss_aggregation, max_len=cfg.rollout.max_new_tokens,
+                 mesh=ctx.env.mesh, rules=ctx.env.rules, noise_cfg=cfg.noise, prox_com=prox_com)
+
+
+def registry_errors(field: str, value: str, registry: Registry) -> list[str]:
+  """[] when `value` names an entry of `registry`, else the error naming the field."""
+  return [] if value in registry else [f"{field}={value!r}; known: {sorted(registry)}"]
+
+
+def policy_loss_errors(rl) -> list[str]:
+  """Errors of the loss fields every algorithm's policy shares (config_common.rl)."""
+  from rlscale.rl.losses import AGGREGATIONS, KL_ESTIMATORS
+  errors = registry_errors("rl.loss_aggregation", rl.loss_aggregation, AGGREGATIONS)
+  errors += registry_errors("rl.kl_estimator", rl.kl_estimator, KL_ESTIMATORS)
+  if rl.old_logprobs not in ("sampler", "recompute"):
+    errors.append(f"rl.old_logprobs={rl.old_logprobs!r}; known: sampler, recompute")
+  if not 0 <= rl.clip_eps_low < 1 or rl.clip_eps_high < 0:
+    errors.append(f"rl.clip_eps_low={rl.clip_eps_low}, rl.clip_eps_high={rl.clip_eps_high}: "
+                  f"need 0 <= low < 1 and high >= 0")
+  if rl.kl_coef < 0 or rl.entropy_coef < 0:
+    errors.append(f"rl.kl_coef={rl.kl_coef}, rl.entropy_coef={rl.entropy_coef} must be >= 0")
+  return errors

@@ -1,0 +1,51 @@
+"""summary.json of an RL run: counters, the batch plan, target, final evaluation, and the
+mean throughputs and phase times of its steps."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from rlscale.batch import BatchPlan
+
+MEANS = ("throughput/gen_tokens_per_s", "throughput/train_tokens_per_s",
+         "throughput/responses_per_s", "mfu/step", "time/step", "time/generate", "time/reward",
+         "time/logprobs", "time/critic_update", "time/actor_update", "time/eval", "time/other",
+         "critic/explained_variance")
+FINALS = ("actor/noise_responses/b_simple", "actor/noise_prompts/b_simple",
+          "critic/noise_responses/b_simple", "critic/noise_prompts/b_simple",
+          "critic/explained_variance")
+
+
+def _steps(workdir: str) -> list[dict[str, Any]]:
+  if jax.process_index() != 0:
+    return []
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  return [row for row in rows if row.get("step", 0) > 0]
+
+
+def summarize(cfg: ml_collections.ConfigDict, workdir: str, counters: dict[str, Any],
+              last_eval: dict[str, float], plan: BatchPlan) -> dict[str, Any]:
+  steps = _steps(workdir)
+  out = {"kind": cfg.kind, "num_prompts": plan.num_prompts, "group_size": plan.group_size,
+         "responses_per_step": plan.responses, "batch": plan.describe(), **counters,
+         "target": {"metric": cfg.target.metric, "value": cfg.target.value},
+         "responses_to_target": counters.get("responses_to_target"),
+         "time_to_target": counters.get("time_to_target"), **last_eval}
+  if counters.get("wall_time"):
+    out["responses_per_s"] = counters["responses_seen"] / counters["wall_time"]
+  for k in MEANS:
+    values = [row[k] for row in steps if isinstance(row.get(k), (int, float))]
+    if values and np.isfinite(np.mean(values)):
+      out[f"mean/{k}"] = float(np.mean(values))
+  for k in FINALS:
+    last = [row[k] for row in steps if k in row]
+    if last:
+      out[f"final/{k}"] = last[-1]
+  return out
