@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlscale import models
+from rlscale import models, sharding
 from rlscale.sampling import Sampler, SamplingParams, generate
 from rlscale.sampling.sample import row_keys, row_uniforms, sample
 
@@ -176,3 +176,30 @@ def test_one_token_budget(policy, tiny_cfg):
 def test_bad_sampling_params_name_the_field(kw, field):
   with pytest.raises(ValueError, match=field):
     SamplingParams(**kw)
+
+
+@pytest.fixture(scope="module")
+def small_cfg():
+  return models.ModelConfig(family="llama", vocab_size=64, d_model=32, num_layers=1, num_heads=2,
+                            num_kv_heads=2, head_dim=16, mlp_dim=64)
+
+
+@pytest.mark.parametrize("shape, generation_batches", [((8, 1, 1), (None, 12, 6)), ((2, 2, 2), (6,))])
+def test_rows_the_batch_shards_do_not_divide_are_padded(small_cfg, rules, shape, generation_batches):
+  # 12 rows on 8 batch shards, or calls of 6 rows on 8 or 4: each call is padded to a multiple
+  # of the shards and trimmed, and every row samples what it does in a run that divides evenly.
+  mesh = sharding.make_mesh(shape, jax.devices()[:8])
+  graphdef, state = nnx.split(models.create_sharded(models.CausalLM, small_cfg, mesh, rules,
+                                                    jax.random.key(0)))
+  sampler = Sampler(graphdef, SamplingParams(max_new_tokens=6, decode_chunk=4), mesh, rules)
+  tokens, mask = _prompts(small_cfg.vocab_size, b=16, seed=5)
+  even = generate(sampler, state, tokens, mask, jax.random.key(3))
+  for gb in generation_batches:
+    out = generate(sampler, state, tokens[:12], mask[:12], jax.random.key(3), generation_batch=gb)
+    for f in ("tokens", "mask", "lengths"):
+      np.testing.assert_array_equal(np.asarray(getattr(out, f)), np.asarray(getattr(even, f))[:12])
+    np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(even.logprobs)[:12], atol=1e-5)
+  assert sampler.traces == 2  # 16 rows (the even run, and 12 padded), then calls of 6 padded to 8
+  with pytest.raises(ValueError, match="12 rows.*8 batch shards"):
+    Sampler(graphdef, sampler.params, sharding.make_mesh((8, 1, 1), jax.devices()[:8]), rules)(
+        state, tokens[:12], mask[:12], jax.random.key(3))

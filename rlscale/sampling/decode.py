@@ -7,6 +7,7 @@ or the token budget is spent.
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -64,6 +65,10 @@ class Sampler:
     row_ids default to the rows' global indices.
     """
     local = np.shape(tokens_BxP)[0]
+    shards = sharding.batch_divisor(self.mesh, self.rules)
+    if (local * jax.process_count()) % shards:
+      raise ValueError(f"{local * jax.process_count()} rows do not split over the mesh's {shards} "
+                       "batch shards; generate() pads them")
     if row_ids is None:
       row_ids = np.arange(local, dtype=np.int32) + jax.process_index() * local
     tokens_BxP = sharding.put_batch(tokens_BxP, self.mesh, self.rules)
@@ -197,11 +202,13 @@ def _decode(policy, p: SamplingParams, cache: Cache, tokens_BxP, mask_BxP, key, 
 
 def generate(sampler: Sampler, state: nnx.State, tokens_BxP: np.ndarray, mask_BxP: np.ndarray,
              key: jax.Array, generation_batch: int | None = None) -> Rollout:
-  """Sample for all rows, `generation_batch` rows per compiled call (the last call is padded).
+  """Sample for all rows, `generation_batch` rows per compiled call.
 
-  On several processes the arguments are this process's rows and `generation_batch` counts
-  rows over all processes; a row's sample depends only on `key` and its global index, not on
-  the generation batch, the mesh or the number of processes.
+  Every call has the same number of rows, a multiple of the mesh's batch shards: a short last
+  call, or a generation batch the shards do not divide, is padded with copies of the call's
+  first row, dropped after. On several processes the arguments are this process's rows and
+  `generation_batch` counts rows over all processes; a row's sample depends only on `key` and
+  its global index, not on the generation batch, the mesh or the number of processes.
   """
   tokens_BxP, mask_BxP = np.asarray(tokens_BxP, np.int32), np.asarray(mask_BxP, bool)
   local = tokens_BxP.shape[0]
@@ -209,20 +216,23 @@ def generate(sampler: Sampler, state: nnx.State, tokens_BxP: np.ndarray, mask_Bx
   gb = min(generation_batch or local * procs, local * procs)  # never pad past the batch
   if gb % procs:
     raise ValueError(f"generation_batch={gb} does not split over {procs} processes")
-  gb //= procs
+  take = gb // procs  # this process's rows per call
+  unit = math.lcm(sharding.batch_divisor(sampler.mesh, sampler.rules), procs)
+  per_call = -(-gb // unit) * unit // procs  # the same, padded to split over the batch shards
   first = jax.process_index() * local
   parts = []
-  for start in range(0, local, gb):
-    toks, mask = tokens_BxP[start:start + gb], mask_BxP[start:start + gb]
+  for start in range(0, local, take):
+    toks, mask = tokens_BxP[start:start + take], mask_BxP[start:start + take]
     ids = np.arange(first + start, first + start + toks.shape[0], dtype=np.int32)
     rows = toks.shape[0]
-    if rows < gb:  # keep one compiled shape: pad with copies of the first row, drop them after
-      pad = gb - rows
+    if rows < per_call:  # copies of a row sample what it samples, and end when it ends
+      pad = per_call - rows
       toks = np.concatenate([toks, np.repeat(toks[:1], pad, 0)])
       mask = np.concatenate([mask, np.repeat(mask[:1], pad, 0)])
       ids = np.concatenate([ids, np.repeat(ids[:1], pad)])
     out = sampler(state, toks, mask, key, ids)
-    parts.append(out if rows == gb else out._replace(**{f: getattr(out, f)[:rows] for f in _ROWS}))
+    parts.append(out if rows == per_call
+                 else out._replace(**{f: getattr(out, f)[:rows] for f in _ROWS}))
   if len(parts) == 1:
     return parts[0]
   return Rollout(*(_concat_rows([getattr(p, f) for p in parts], sampler) for f in _ROWS),
