@@ -2,13 +2,14 @@
 
     python analysis/compare_runs.py runs/p16 runs/p64 --reference runs/p16 [--plot curves.png]
 
-For each run: responses per step, effective lr, responses_to_target, time_to_target (and both
+For each run: B (responses per optimizer step, also in prompts; rlscale/batch.py), effective lr, responses_to_target, time_to_target (and both
 relative to the reference), mean throughput, final B_simple. A run is *invariant* when its
 responses_to_target is within --rtt_tolerance (default 20%) of the reference's and its
 evaluation curve stays within --band (default 0.05) of the reference's at equal responses_seen
-(DESIGN.md); the critical training batch is the largest invariant batch. With three or more runs
-that reached the target, the steps-samples trade-off S = S_min + E_min / B is fitted and
-B_crit = E_min / S_min printed.
+(DESIGN.md); the critical training batch is the largest invariant B. With three or more runs that reached
+the target, the steps-samples trade-off S = S_min + E_min / B is fitted, with S the actor's
+optimizer steps to target and B responses per optimizer step (the batch the LR rules and
+B_simple use), and B_crit = E_min / S_min printed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # rlscale
 from runs import Run, load  # noqa: E402
 
 
@@ -52,7 +54,7 @@ def main(argv=None):
   ref = load(args.reference) if args.reference else runs[0]
   metric = args.metric or ref.summary.get("target", {}).get("metric", "eval/accuracy_greedy")
   rows = []
-  for run in sorted(runs, key=lambda r: r.responses_per_step):
+  for run in sorted(runs, key=lambda r: r.batch):
     s = run.summary
     rtt, ttt = s.get("responses_to_target"), s.get("time_to_target")
     ref_rtt, ref_ttt = ref.summary.get("responses_to_target"), ref.summary.get("time_to_target")
@@ -60,7 +62,9 @@ def main(argv=None):
     invariant = (rtt is not None and ref_rtt and abs(rtt / ref_rtt - 1) <= args.rtt_tolerance
                  and gap is not None and gap <= args.band)
     rows.append(dict(
-        run=run.name, responses_per_step=run.responses_per_step, lr=run.last("actor/lr"),
+        run=run.name, batch=run.batch, batch_prompts=run.plan.batch_prompts,
+        responses_per_step=run.responses_per_step, lr=run.last("actor/lr"),
+        optimizer_steps_to_target=run.optimizer_steps(rtt) if rtt else None,
         responses_to_target=rtt, time_to_target=ttt,
         rtt_vs_ref=rtt / ref_rtt if rtt and ref_rtt else None,
         ttt_vs_ref=ttt / ref_ttt if ttt and ref_ttt else None,
@@ -71,11 +75,11 @@ def main(argv=None):
         b_simple_responses=run.last("actor/noise_responses/b_simple"),
         b_simple_prompts=run.last("actor/noise_prompts/b_simple")))
     print(json.dumps(rows[-1]))
-  inv = [r["responses_per_step"] for r in rows if r["invariant"]]
+  inv = [r["batch"] for r in rows if r["invariant"]]
   out = dict(metric=metric, band=args.band, rtt_tolerance=args.rtt_tolerance,
              critical_training_batch=max(inv) if inv else None)
-  reached = [(r["responses_per_step"], r["responses_to_target"] / r["responses_per_step"])
-             for r in rows if r["responses_to_target"]]
+  reached = [(r["batch"], r["optimizer_steps_to_target"]) for r in rows
+             if r["responses_to_target"]]
   if len(reached) >= 3:
     s_min, e_min, b_crit = fit_tradeoff(*zip(*reached))
     out.update(s_min=s_min, e_min=e_min, b_crit=b_crit)
@@ -85,9 +89,9 @@ def main(argv=None):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4))
-    for run in sorted(runs, key=lambda r: r.responses_per_step):
+    for run in sorted(runs, key=lambda r: r.batch):
       x, y = zip(*run.curve(metric)) if run.curve(metric) else ((), ())
-      ax.plot(x, y, marker="o", label=f"{run.responses_per_step} responses/step")
+      ax.plot(x, y, marker="o", label=f"B={run.batch} responses/optimizer step")
     ax.set_xlabel("responses seen")
     ax.set_ylabel(metric)
     ax.legend()

@@ -20,9 +20,23 @@ class Run:
     return os.path.basename(os.path.normpath(self.path))
 
   @property
+  def plan(self):
+    """The run's batch plan, from its config.json by the code the run used (rlscale/batch.py)."""
+    from rlscale import batch
+    return batch.plan(self.config)
+
+  @property
   def responses_per_step(self) -> int:
-    rl = self.config["rl"]
-    return rl["num_prompts"] * rl["group_size"]
+    return self.plan.responses
+
+  @property
+  def batch(self) -> int:
+    """B: responses per optimizer step, the batch of every comparison (DESIGN.md)."""
+    return self.plan.batch
+
+  def optimizer_steps(self, responses: int) -> float:
+    """The actor's optimizer steps taken by the time `responses` were seen."""
+    return responses / self.plan.responses * self.plan.main.optimizer_steps
 
   def curve(self, metric: str) -> list[tuple[int, float]]:
     """(responses_seen, value) at every step that logged `metric`."""
