@@ -184,8 +184,8 @@ def small_cfg():
                             num_kv_heads=2, head_dim=16, mlp_dim=64)
 
 
-@pytest.mark.parametrize("shape, generation_batches", [((8, 1, 1), (None, 12, 6)), ((2, 2, 2), (6,))])
-def test_rows_the_batch_shards_do_not_divide_are_padded(small_cfg, rules, shape, generation_batches):
+@pytest.mark.parametrize("shape, batches", [((8, 1, 1), (None, 12, 6)), ((2, 2, 2), (6,))])
+def test_rows_the_batch_shards_do_not_divide_are_padded(small_cfg, rules, shape, batches):
   # 12 rows on 8 batch shards, or calls of 6 rows on 8 or 4: each call is padded to a multiple
   # of the shards and trimmed, and every row samples what it does in a run that divides evenly.
   mesh = sharding.make_mesh(shape, jax.devices()[:8])
@@ -194,7 +194,7 @@ def test_rows_the_batch_shards_do_not_divide_are_padded(small_cfg, rules, shape,
   sampler = Sampler(graphdef, SamplingParams(max_new_tokens=6, decode_chunk=4), mesh, rules)
   tokens, mask = _prompts(small_cfg.vocab_size, b=16, seed=5)
   even = generate(sampler, state, tokens, mask, jax.random.key(3))
-  for gb in generation_batches:
+  for gb in batches:
     out = generate(sampler, state, tokens[:12], mask[:12], jax.random.key(3), generation_batch=gb)
     for f in ("tokens", "mask", "lengths"):
       np.testing.assert_array_equal(np.asarray(getattr(out, f)), np.asarray(getattr(even, f))[:12])

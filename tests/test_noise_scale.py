@@ -74,7 +74,7 @@ def test_estimates_match_the_closed_form_on_any_mesh(shape, rules):
 #     zero-mean term of squared norm D (s2 sum n_j^2 + v2 sum n_j) / (sum n_j)^2, whose expectation
 #     is D (s2 m2 + v2 m1) / (B m1^2) to first order in 1/B (the ratio estimator's delta method):
 #     |G|^2 = |mu|^2,                  tr(Sigma) = D (s2 m2 + v2 m1) / m1^2
-#     The second-order term biases the two-batch estimate by about -1% at B_SMALL=4, B_BIG=32
+#     The second-order term biases the two-batch estimate by about -1% at 4 and 32 rows
 #     with these lengths, well inside the tolerance.
 # B_simple is tr(Sigma) / |G|^2 in responses; the update's micro-batches (4 rows) are the small
 # batch and its mini-batches (32 rows) the big one, one trial per mini-batch.
@@ -86,11 +86,11 @@ def _linear_b_simple(aggregation):
   n = np.arange(1, LIN_L + 1)
   m1, m2, h = n.mean(), (n ** 2).mean(), (1.0 / n).mean()
   mu2, d, L = LIN_D * LIN_MU ** 2, LIN_D, LIN_L
+  noise = d * (LIN_S2 * m2 + LIN_V2 * m1)  # E|n z + sum_t e_t|^2
   g2, trace = {
       "seq-mean-token-mean": (mu2, d * (LIN_S2 + LIN_V2 * h)),
-      "seq-mean-token-sum-norm": (m1 ** 2 * mu2 / L ** 2,
-                                  ((m2 - m1 ** 2) * mu2 + d * (LIN_S2 * m2 + LIN_V2 * m1)) / L ** 2),
-      "token-mean": (mu2, d * (LIN_S2 * m2 + LIN_V2 * m1) / m1 ** 2),
+      "seq-mean-token-sum-norm": (m1 ** 2 * mu2 / L ** 2, ((m2 - m1 ** 2) * mu2 + noise) / L ** 2),
+      "token-mean": (mu2, noise / m1 ** 2),
   }[aggregation]
   return trace / g2
 
