@@ -4,8 +4,10 @@ The golden tests read committed fixtures (tests/hf_reference.py wrote them with 
 the `hf` tests run transformers itself when torch and transformers are installed (.ci/run).
 """
 
+import dataclasses
 import json
 import os
+import re
 import shutil
 
 import jax
@@ -18,6 +20,8 @@ from rlscale import sharding
 from rlscale.checkpoints import hf
 from rlscale.checkpoints.safetensors_io import CheckpointError, SafetensorsFolder
 from rlscale.checkpoints.tokenizer import HFTokenizer
+from rlscale.models import RopeScaling, YarnScaling
+from rlscale.models.layers import rope_attention_scale, rope_inv_freq
 
 import hf_reference
 from tiny_tokenizer import make_tokenizer_folder
@@ -43,6 +47,18 @@ def test_golden_parity_with_transformers(family, mesh1, rules):
   assert diff.max() <= PARITY_ATOL, diff.max()
 
 
+def test_golden_parity_legacy_rope_scaling_over_default_rope_parameters(mesh1, rules):
+  """rope_parameters says default, a pasted legacy rope_scaling says YaRN: transformers uses YaRN."""
+  folder = _fixture(hf_reference.LEGACY_YARN)
+  ref = np.load(os.path.join(folder, "reference.npz"))
+  model, cfg = hf.load_policy(folder, mesh1, rules)
+  mask = ref["attention_mask"]
+  diff = np.abs(_logits(model, ref["input_ids"], mask) - ref["logits"])[mask]
+  assert diff.max() <= PARITY_ATOL, diff.max()
+  assert cfg.rope_scaling == YarnScaling(factor=4.0, original_max_position=16)
+  assert cfg.rope_theta == 10_000.0  # rope_parameters' theta went with the dict it replaced
+
+
 @pytest.mark.parametrize("family", hf_reference.FAMILIES)
 def test_import_onto_a_mesh_shards_every_large_tensor(family, rules):
   mesh = sharding.make_mesh((2, 2, 2))
@@ -64,6 +80,80 @@ def test_sharded_index_fixture_is_read_across_files():
   assert len(files) > 1 and "lm_head.weight" in folder
 
 
+def _rope_free_config(family):
+  """A fixture's config.json without any rope field, for a case to add its own."""
+  cfg = json.load(open(os.path.join(_fixture(family), "config.json")))
+  return {k: v for k, v in cfg.items() if k not in ("rope_parameters", "rope_scaling", "rope_theta")}
+
+
+_LLAMA3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+           "original_max_position_embeddings": 64}
+_DEFAULT_1E6 = {"rope_theta": 1e6, "rope_type": "default"}
+_MSCALE = (0.1 * np.log(4.0) + 1) / (0.05 * np.log(4.0) + 1)
+# (family, rope fields of config.json, the (rope_theta, rope_scaling) transformers 5 makes of them).
+# The live test below checks every row against transformers' own rotary embedding.
+ROPE_CASES = [
+    ("qwen2", {}, (10_000.0, None)),
+    ("qwen2", dict(rope_theta=5e5), (5e5, None)),
+    ("qwen2", dict(rope_theta=5e5, rope_parameters={"rope_type": "default"}), (5e5, None)),
+    # A set rope_scaling replaces rope_parameters whole: theta from the top level, else 10000.
+    ("qwen2", dict(rope_parameters=_DEFAULT_1E6,
+                   rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}),
+     (10_000.0, YarnScaling(4.0, 32))),
+    ("llama", dict(rope_theta=5e5, rope_parameters=_DEFAULT_1E6, rope_scaling={"type": "llama3", **_LLAMA3}),
+     (5e5, RopeScaling(8.0, 1.0, 4.0, 64))),
+    ("qwen2", dict(rope_theta=5e5, rope_parameters=_DEFAULT_1E6, rope_scaling={}), (1e6, None)),
+    ("qwen2", dict(rope_scaling={"type": "yarn", "rope_type": "default", "factor": 4.0}), (10_000.0, None)),
+    # original_max_position_embeddings: a top-level one wins, else the dict's, else max_position_embeddings.
+    ("qwen2", dict(original_max_position_embeddings=100,
+                   rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}),
+     (10_000.0, YarnScaling(4.0, 100))),
+    ("qwen2", dict(rope_parameters={"rope_type": "yarn", "factor": 4.0}), (10_000.0, YarnScaling(4.0, 512))),
+    ("llama", dict(max_position_embeddings=None, rope_parameters={"rope_type": "yarn", "factor": 2.0}),
+     (10_000.0, YarnScaling(2.0, 2048))),  # LlamaConfig's default max_position_embeddings
+    ("qwen3", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 2.0,
+                                    "original_max_position_embeddings": 64, "beta_fast": 16, "beta_slow": 2,
+                                    "truncate": False, "attention_factor": 1.5}),
+     (1e6, YarnScaling(2.0, 64, beta_fast=16.0, beta_slow=2.0, attention_factor=1.5, truncate=False))),
+    ("qwen3", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "mscale": 1.0,
+                                    "mscale_all_dim": 0.5, "original_max_position_embeddings": 64}),
+     (1e6, YarnScaling(4.0, 64, attention_factor=_MSCALE))),
+    ("qwen3", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": None,
+                                    "original_max_position_embeddings": 128}),
+     (1e6, YarnScaling(4.0, 128))),  # no factor: max_position_embeddings / original
+]
+
+
+def _rope_case_config(family, rope):
+  cfg = {**_rope_free_config(family), **rope}
+  return {k: v for k, v in cfg.items() if v is not None}  # None: leave the field out
+
+
+@pytest.mark.parametrize("family, rope, want", ROPE_CASES)
+def test_rope_fields_resolve_as_transformers_does(family, rope, want):
+  cfg = hf.config_from_hf(_rope_case_config(family, rope))
+  theta, scaling = want
+  assert cfg.rope_theta == theta
+  if isinstance(scaling, YarnScaling) and scaling.attention_factor is not None:
+    assert cfg.rope_scaling.attention_factor == pytest.approx(scaling.attention_factor)
+    scaling = dataclasses.replace(scaling, attention_factor=cfg.rope_scaling.attention_factor)
+  assert cfg.rope_scaling == scaling
+
+
+@pytest.mark.parametrize("rope, match", [
+    (dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0}), "rope_parameters.rope_type='dynamic'"),
+    (dict(rope_scaling={"type": "linear", "factor": 2.0}), "rope_scaling.type='linear'"),
+    (dict(rope_scaling={"rope_type": "longrope", "factor": 2.0}), "rope_scaling.rope_type='longrope'"),
+    (dict(rope_parameters={"rope_type": "yarn"}), "rope_parameters.factor"),
+    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), "rope_scaling.low_freq_factor"),
+    (dict(partial_rotary_factor=0.5), "partial_rotary_factor=0.5"),
+    (dict(rope_parameters={"full_attention": _DEFAULT_1E6}), "rope_parameters per layer type"),
+])
+def test_unsupported_rope_is_refused_naming_field_and_value(rope, match):
+  with pytest.raises(CheckpointError, match=re.escape(match)):
+    hf.config_from_hf(_rope_case_config("qwen2", rope))
+
+
 def _write_config(tmp_path, **changes):
   cfg = json.load(open(os.path.join(_fixture("qwen2"), "config.json")))
   cfg.update(changes)
@@ -76,7 +166,7 @@ def _write_config(tmp_path, **changes):
     (dict(model_type="qwen3_moe"), "qwen3_moe"),
     (dict(use_sliding_window=True), "use_sliding_window"),
     (dict(hidden_act="gelu"), "hidden_act"),
-    (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}), "yarn"),
+    (dict(rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e6}), "dynamic"),
 ])
 def test_unsupported_architectures_are_refused(tmp_path, changes, match, mesh1, rules):
   folder = _write_config(tmp_path, **changes)
@@ -100,10 +190,11 @@ def test_missing_config_and_mismatched_shapes(tmp_path, mesh1, rules):
     hf.load_policy(str(tmp_path), mesh1, rules)
 
 
-@pytest.mark.parametrize("family", hf_reference.FAMILIES)
+@pytest.mark.parametrize("family", hf_reference.FIXTURE_NAMES)
 def test_export_then_import_is_exact(family, tmp_path, mesh1, rules):
   model, cfg = hf.load_policy(_fixture(family), mesh1, rules)
-  hf.save_policy(model, str(tmp_path), max_shard_bytes=64 << 10)  # several files and an index
+  shard = (4 if family == hf_reference.LEGACY_YARN else 64) << 10
+  hf.save_policy(model, str(tmp_path), max_shard_bytes=shard)  # several files and an index
   assert os.path.exists(tmp_path / "model.safetensors.index.json")
   again, cfg2 = hf.load_policy(str(tmp_path), mesh1, rules)
   assert cfg2 == cfg
@@ -163,6 +254,14 @@ LIVE_CASES = [
     ("qwen2", dict(tie_word_embeddings=False)),
     ("qwen3", {}),
     ("qwen3", dict(num_key_value_heads=1, head_dim=32)),
+    ("qwen2", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+                                    "original_max_position_embeddings": 8})),
+    ("qwen3", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0,
+                                    "original_max_position_embeddings": 8, "beta_fast": 16, "beta_slow": 2,
+                                    "truncate": False})),
+    ("llama", dict(rope_scaling=None, rope_parameters={"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0,
+                                                      "original_max_position_embeddings": 8, "mscale": 1.0,
+                                                      "mscale_all_dim": 0.5})),
 ]
 
 
@@ -174,7 +273,7 @@ def test_live_parity_with_transformers(family, overrides, tmp_path, mesh1, rules
   seed = 10 + LIVE_CASES.index((family, overrides))
   ref_model = hf_reference.build_model(family, seed=seed, **overrides)
   ref_model.save_pretrained(str(tmp_path / "hf"), safe_serialization=True)
-  ids, mask = hf_reference.reference_batch(seed=seed)
+  ids, mask = hf_reference.reference_batch(seed=seed, length=40)  # past original contexts
   want = hf_reference.reference_logits(ref_model, ids, mask)
   model, _ = hf.load_policy(str(tmp_path / "hf"), mesh1, rules)
   diff = np.abs(_logits(model, ids, mask) - want)[mask]
@@ -184,6 +283,26 @@ def test_live_parity_with_transformers(family, overrides, tmp_path, mesh1, rules
   back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "ours")).float().eval()
   diff = np.abs(hf_reference.reference_logits(back, ids, mask) - want)[mask]
   assert diff.max() <= PARITY_ATOL, diff.max()
+
+
+def _transformers_rope(family, config):
+  import importlib
+  module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+  rotary = getattr(module, {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}[family] + "RotaryEmbedding")
+  emb = rotary(config)
+  return emb.inv_freq.numpy(), emb.attention_scaling
+
+
+@hf_mark
+@pytest.mark.parametrize("family, rope, want", ROPE_CASES)
+def test_live_rope_fields_resolve_as_transformers_does(family, rope, want, tmp_path):
+  _need_transformers()
+  import transformers
+  (tmp_path / "config.json").write_text(json.dumps(_rope_case_config(family, rope)))
+  inv_freq, scale = _transformers_rope(family, transformers.AutoConfig.from_pretrained(str(tmp_path)))
+  cfg = hf.config_from_hf(hf.read_config(str(tmp_path)))
+  np.testing.assert_allclose(rope_inv_freq(cfg), inv_freq, rtol=1e-6)
+  assert rope_attention_scale(cfg) == pytest.approx(scale, rel=1e-7)
 
 
 @hf_mark

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator
 import jax
 import ml_dtypes
 import numpy as np
+from absl import logging
 from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
@@ -22,13 +23,99 @@ from jax.sharding import Mesh
 from rlscale import sharding
 from rlscale.checkpoints import safetensors_io
 from rlscale.checkpoints.safetensors_io import CheckpointError
-from rlscale.models import CausalLM, ModelConfig, RopeScaling, abstract_model
+from rlscale.models import CausalLM, ModelConfig, RopeScaling, YarnScaling, abstract_model
+from rlscale.models.config import yarn_mscale
 
 _ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# What transformers' config classes assume for a field config.json leaves out.
+_MAX_POSITION_DEFAULT = {"llama": 2048, "qwen2": 32_768, "qwen3": 32_768}
+_DEFAULT_THETA = 10_000.0
+_ROPE_TYPES = ("default", "llama3", "yarn")
+
+
+def _rope_parameters(hf: dict[str, Any], family: str, problems: list[str]) -> tuple[dict, str]:
+  """The rope dict transformers 5 builds from config.json, and the name of its type field.
+
+  Mirrors transformers' RotaryEmbeddingConfigMixin (convert_rope_params_to_dict,
+  standardize_rope_params): a set legacy `rope_scaling` replaces `rope_parameters` whole, its
+  rope_theta included; rope_theta then comes from that dict, else the top level, else 10000; the
+  type from `rope_type`, else the legacy `type`; a scaled type's original context from a top-level
+  original_max_position_embeddings (Phi-3 style), else the dict, else max_position_embeddings.
+  """
+  field = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
+  rope = dict(hf.get(field) or {})
+  nested = [k for k in rope if k in (hf.get("layer_types") or ())]
+  if nested:
+    problems.append(f"{field} per layer type ({nested})")
+    return {"rope_type": "default", "rope_theta": _DEFAULT_THETA}, f"{field}.rope_type"
+  type_field = f"{field}.{'rope_type' if 'rope_type' in rope else 'type'}"
+  rope.setdefault("rope_theta", hf["rope_theta"] if "rope_theta" in hf else _DEFAULT_THETA)
+  if hf.get("partial_rotary_factor") is not None:
+    rope.setdefault("partial_rotary_factor", hf["partial_rotary_factor"])
+  rope.setdefault("rope_type", rope.get("type", "default"))
+  if rope["rope_type"] in ("llama3", "yarn", "longrope"):
+    if "original_max_position_embeddings" in hf:
+      rope["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
+    else:
+      rope.setdefault("original_max_position_embeddings", _max_position(hf, family))
+  dropped = (hf.get("rope_parameters") or {}).get("rope_theta")
+  if field == "rope_scaling" and dropped not in (None, rope["rope_theta"]):
+    logging.warning("config.json: rope_scaling replaces rope_parameters, as in transformers, so "
+                    "rope_parameters.rope_theta=%s is not used; rope_theta=%s is",
+                    dropped, rope["rope_theta"])
+  return rope, type_field
+
+
+def _max_position(hf: dict[str, Any], family: str) -> int | None:
+  if "max_position_embeddings" in hf:
+    return hf["max_position_embeddings"]
+  return _MAX_POSITION_DEFAULT[family]
+
+
+def _rope_scaling(rope: dict, type_field: str, max_position: int | None, problems: list[str]):
+  """RopeScaling, YarnScaling or None for a resolved rope dict; what is wrong goes to `problems`."""
+  kind = rope["rope_type"]
+  if kind not in _ROPE_TYPES:
+    problems.append(f"{type_field}={kind!r} (supported: {', '.join(map(repr, _ROPE_TYPES))})")
+    return None
+  if rope.get("partial_rotary_factor", 1.0) != 1.0:
+    problems.append(f"partial_rotary_factor={rope['partial_rotary_factor']} (rope turns the whole head)")
+  required = {"llama3": ("factor", "low_freq_factor", "high_freq_factor"), "yarn": ("factor",)}
+  missing = [k for k in required.get(kind, ()) if k not in rope]
+  if kind != "default" and rope.get("original_max_position_embeddings") is None:
+    missing.append("original_max_position_embeddings")
+  if missing:
+    field = type_field.split(".")[0]
+    problems.append(f"{field}.{missing[0]} missing (rope_type {kind!r} needs {list(required[kind])})")
+    return None
+  original = rope.get("original_max_position_embeddings")
+  if kind == "llama3":
+    return RopeScaling(float(rope["factor"]), float(rope["low_freq_factor"]),
+                       float(rope["high_freq_factor"]), int(original))
+  if kind == "yarn":
+    return _yarn(rope, int(original), max_position)
+  return None
+
+
+def _yarn(rope: dict, original: int, max_position: int | None) -> YarnScaling:
+  """transformers' _compute_yarn_parameters' reading of the dict, defaults and `or` included."""
+  factor = rope["factor"]
+  if factor is None:  # DeepSeek style: the context extension is implied by the two lengths
+    factor = max_position / original
+  attention = rope.get("attention_factor")
+  mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
+  if attention is None and mscale and mscale_all_dim:
+    attention = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+  return YarnScaling(
+      factor=float(factor), original_max_position=original,
+      beta_fast=float(rope.get("beta_fast") or 32), beta_slow=float(rope.get("beta_slow") or 1),
+      attention_factor=None if attention is None else float(attention),
+      truncate=bool(rope.get("truncate", True)))
 
 
 def config_from_hf(hf: dict[str, Any], **overrides) -> ModelConfig:
-  """Map a transformers config.json to ModelConfig; refuse what this decoder does not implement."""
+  """Map a transformers config.json to ModelConfig; refuse what this decoder does not implement,
+  naming the field and its value."""
   family = hf.get("model_type")
   if family not in _ARCH:
     raise CheckpointError(
@@ -43,25 +130,18 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> ModelConfig:
     problems.append("attention_bias=true")
   if hf.get("use_sliding_window"):
     problems.append("use_sliding_window=true")
-  rope = dict(hf.get("rope_parameters") or {})
-  rope.update(hf.get("rope_scaling") or {})
-  theta = rope.get("rope_theta", hf.get("rope_theta", 10_000.0))
-  kind = rope.get("rope_type", rope.get("type", "default"))
-  scaling = None
-  if kind == "llama3":
-    scaling = RopeScaling(float(rope["factor"]), float(rope["low_freq_factor"]),
-                          float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"]))
-  elif kind != "default":
-    problems.append(f"rope type {kind!r} (only 'default' and 'llama3')")
+  max_position = _max_position(hf, family)
+  rope, type_field = _rope_parameters(hf, family, problems)
+  scaling = _rope_scaling(rope, type_field, max_position, problems)
   if problems:
-    raise CheckpointError(f"config.json ({family}): unsupported " + ", ".join(problems))
+    raise CheckpointError(f"config.json ({family}) is not supported: " + "; ".join(problems))
   heads = int(hf["num_attention_heads"])
   fields = dict(
       family=family, vocab_size=int(hf["vocab_size"]), d_model=int(hf["hidden_size"]),
       num_layers=int(hf["num_hidden_layers"]), num_heads=heads,
       num_kv_heads=int(hf.get("num_key_value_heads") or heads),
       head_dim=int(hf.get("head_dim") or hf["hidden_size"] // heads),
-      mlp_dim=int(hf["intermediate_size"]), rope_theta=float(theta), rope_scaling=scaling,
+      mlp_dim=int(hf["intermediate_size"]), rope_theta=float(rope["rope_theta"]), rope_scaling=scaling,
       rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
       qkv_bias=family == "qwen2", qk_norm=family == "qwen3")
@@ -69,12 +149,22 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> ModelConfig:
   return ModelConfig(**fields)
 
 
-def config_to_hf(cfg: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def _rope_to_hf(cfg: ModelConfig) -> dict[str, Any]:
   rope: dict[str, Any] = {"rope_theta": cfg.rope_theta, "rope_type": "default"}
-  if cfg.rope_scaling is not None:
-    s = cfg.rope_scaling
+  s = cfg.rope_scaling
+  if isinstance(s, RopeScaling):
     rope.update(rope_type="llama3", factor=s.factor, low_freq_factor=s.low_freq_factor,
                 high_freq_factor=s.high_freq_factor, original_max_position_embeddings=s.original_max_position)
+  elif isinstance(s, YarnScaling):
+    rope.update(rope_type="yarn", factor=s.factor, original_max_position_embeddings=s.original_max_position,
+                beta_fast=s.beta_fast, beta_slow=s.beta_slow, truncate=s.truncate)
+    if s.attention_factor is not None:
+      rope["attention_factor"] = s.attention_factor
+  return rope
+
+
+def config_to_hf(cfg: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+  rope = _rope_to_hf(cfg)
   out = {
       "architectures": [_ARCH[cfg.family]], "model_type": cfg.family, "vocab_size": cfg.vocab_size,
       "hidden_size": cfg.d_model, "intermediate_size": cfg.mlp_dim,
@@ -85,22 +175,26 @@ def config_to_hf(cfg: ModelConfig, extra: dict[str, Any] | None = None) -> dict[
       "torch_dtype": cfg.param_dtype, "max_position_embeddings": 32_768,
   }
   if cfg.rope_scaling is not None:
-    out["rope_scaling"] = rope
+    out["rope_scaling"] = rope  # what transformers 4 reads; 5 lets it win over rope_parameters
   if cfg.family != "llama":
     out["use_sliding_window"] = False
   out.update(extra or {})
   return out
 
 
-def read_config(folder: str) -> dict[str, Any]:
-  path = os.path.join(folder, "config.json")
+def _read_json(path: str) -> dict[str, Any]:
   try:
     with open(path) as f:
       return json.load(f)
-  except FileNotFoundError:
-    raise CheckpointError(f"{folder}: no config.json (expected a Hugging Face checkpoint folder)") from None
   except json.JSONDecodeError as e:
     raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+
+
+def read_config(folder: str) -> dict[str, Any]:
+  path = os.path.join(folder, "config.json")
+  if not os.path.exists(path):
+    raise CheckpointError(f"{folder}: no config.json (expected a Hugging Face checkpoint folder)")
+  return _read_json(path)
 
 
 # --- parameter layout: our path -> how to build it from HF tensors, and back ---

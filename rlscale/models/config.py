@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping
 
 import jax.numpy as jnp
@@ -21,6 +22,27 @@ class RopeScaling:
 
 
 @dataclasses.dataclass(frozen=True)
+class YarnScaling:
+  """YaRN rope scaling (HF `rope_type: yarn`, long-context Qwen); defaults are transformers'."""
+
+  factor: float
+  original_max_position: int
+  beta_fast: float = 32.0  # rotations per original context above which a frequency is kept
+  beta_slow: float = 1.0  # ... and below which it is divided by `factor`
+  attention_factor: float | None = None  # cos and sin are scaled by it; None: 0.1 ln(factor) + 1
+  truncate: bool = True  # round the ramp's ends to whole dimensions
+
+  @property
+  def attention_scale(self) -> float:
+    return yarn_mscale(self.factor) if self.attention_factor is None else self.attention_factor
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+  """YaRN's attention temperature for a context `factor` times longer (transformers' get_mscale)."""
+  return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """One decoder-only transformer. The family only decides the defaults below."""
 
@@ -33,7 +55,7 @@ class ModelConfig:
   head_dim: int
   mlp_dim: int
   rope_theta: float = 10_000.0
-  rope_scaling: RopeScaling | None = None
+  rope_scaling: RopeScaling | YarnScaling | None = None
   rms_eps: float = 1e-6
   tie_embeddings: bool = True
   qkv_bias: bool = False  # Qwen2 / 2.5

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rlscale.models.config import ModelConfig
+from rlscale.models.config import ModelConfig, YarnScaling
 from rlscale.sharding import constrain
 
 NEG_INF = float(np.finfo(np.float32).min)
@@ -36,13 +36,19 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
 
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
-  """Inverse frequencies [head_dim/2] in float32, with Llama 3 scaling when configured."""
+  """Inverse frequencies [head_dim/2] in float32, scaled as `cfg.rope_scaling` says.
+
+  Each scaling follows transformers' modeling_rope_utils step by step, in float32 where it
+  computes in float32, so that imported checkpoints give transformers' logits.
+  """
   dim = cfg.head_dim
   inv = (1.0 / (np.float32(cfg.rope_theta) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))))
   inv = inv.astype(np.float32)
   s = cfg.rope_scaling
   if s is None:
     return inv
+  if isinstance(s, YarnScaling):
+    return _yarn_inv_freq(cfg.rope_theta, dim, s)
   low_wavelen = s.original_max_position / s.low_freq_factor
   high_wavelen = s.original_max_position / s.high_freq_factor
   wavelen = (2 * math.pi / inv).astype(np.float32)
@@ -51,6 +57,34 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
   smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
   medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
   return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def _yarn_inv_freq(theta: float, dim: int, s: YarnScaling) -> np.ndarray:
+  """YaRN: frequencies that turn fewer than beta_slow times over the original context are
+  interpolated (divided by factor), those that turn more than beta_fast times are kept, and a
+  linear ramp over dimensions blends the two in between."""
+  def correction_dim(rotations):  # the dimension whose frequency turns `rotations` times
+    return dim * math.log(s.original_max_position / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+  low, high = correction_dim(s.beta_fast), correction_dim(s.beta_slow)
+  if s.truncate:
+    low, high = math.floor(low), math.ceil(high)
+  low, high = max(low, 0), min(high, dim - 1)
+  if low == high:
+    high += 0.001  # transformers' guard against a zero-width ramp
+  pos_freqs = np.float32(theta) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
+  extrapolation = np.float32(1.0) / pos_freqs
+  interpolation = np.float32(1.0) / (np.float32(s.factor) * pos_freqs)
+  ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low), 0, 1)
+  keep = np.float32(1.0) - ramp
+  return (interpolation * (1 - keep) + extrapolation * keep).astype(np.float32)
+
+
+def rope_attention_scale(cfg: ModelConfig) -> float:
+  """The factor on cos and sin (so q·k grows by its square): YaRN's, which offsets the flatter
+  attention of interpolated positions; 1 otherwise."""
+  s = cfg.rope_scaling
+  return s.attention_scale if isinstance(s, YarnScaling) else 1.0
 
 
 def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
@@ -116,6 +150,9 @@ class Block(nnx.Module):
     if self.q_norm is not None:
       q = rms_norm(q, self.q_norm[...], self.cfg.rms_eps)
       k = rms_norm(k, self.k_norm[...], self.cfg.rms_eps)
+    scale = rope_attention_scale(self.cfg)
+    if scale != 1.0:  # on float32 cos and sin before their cast, where transformers applies it
+      cos, sin = cos * scale, sin * scale
     q = apply_rope(q, cos[..., None, None, :], sin[..., None, None, :])
     k = apply_rope(k, cos[..., None, :], sin[..., None, :])
     return q, k, v
