@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlscale import sharding
+from rlscale import models, sharding
 from rlscale.checkpoints import hf
 from rlscale.checkpoints.safetensors_io import CheckpointError, SafetensorsFolder
 from rlscale.checkpoints.tokenizer import HFTokenizer
@@ -212,11 +212,66 @@ def test_export_from_a_sharded_model(tmp_path, rules, mesh1):
   mesh = sharding.make_mesh((1, 2, 4))
   model, _ = hf.load_policy(_fixture("qwen3"), mesh, rules)
   hf.save_policy(model, str(tmp_path), dtype="bfloat16")
+  written = json.load(open(tmp_path / "config.json"))
+  assert written["dtype"] == written["torch_dtype"] == "bfloat16"  # transformers 5 and 4 read these
   again, cfg = hf.load_policy(str(tmp_path), mesh1, rules)
   ref = np.load(os.path.join(_fixture("qwen3"), "reference.npz"))
   mask = ref["attention_mask"]
   diff = np.abs(_logits(again, ref["input_ids"], mask) - ref["logits"])[mask]
   assert diff.max() < 0.05  # bf16-rounded weights
+
+
+_SOURCE_GENERATION = {"bos_token_id": 1, "eos_token_id": [2, 3, 4], "pad_token_id": 0, "max_length": 300,
+                      "do_sample": True, "temperature": 0.6, "top_p": 0.9, "transformers_version": "5.24.0"}
+
+
+def _source_with_metadata(tmp_path, generation: bool = True):
+  """The llama fixture with the special tokens and limits of a chat checkpoint."""
+  src = tmp_path / "src"
+  shutil.copytree(_fixture("llama"), src)
+  cfg = json.load(open(src / "config.json"))
+  cfg.update(bos_token_id=1, eos_token_id=[2, 3], pad_token_id=0, max_position_embeddings=384)
+  (src / "config.json").write_text(json.dumps(cfg))
+  if generation:
+    (src / "generation_config.json").write_text(json.dumps(_SOURCE_GENERATION))
+  else:
+    os.remove(src / "generation_config.json")
+  return src
+
+
+def _read(folder, name):
+  return json.load(open(os.path.join(folder, name)))
+
+
+def test_export_keeps_special_tokens_limits_and_generation_config(tmp_path, mesh1, rules):
+  model, cfg = hf.load_policy(str(_source_with_metadata(tmp_path)), mesh1, rules)
+  assert (cfg.bos_id, cfg.eos_ids, cfg.pad_id, cfg.max_position) == (1, (2, 3), 0, 384)
+  # Ids given to save_policy only fill what the checkpoint lacks: these change nothing.
+  hf.save_policy(model, str(tmp_path / "out"), bos_id=7, eos_ids=(7,), pad_id=7)
+  out = _read(tmp_path / "out", "config.json")
+  assert (out["bos_token_id"], out["eos_token_id"], out["pad_token_id"]) == (1, [2, 3], 0)
+  assert out["max_position_embeddings"] == 384
+  assert out["dtype"] == out["torch_dtype"] == "float32"
+  assert _read(tmp_path / "out", "generation_config.json") == _SOURCE_GENERATION
+
+
+def test_export_without_a_source_generation_config_writes_one_from_the_ids(tmp_path, mesh1, rules):
+  model, _ = hf.load_policy(str(_source_with_metadata(tmp_path, generation=False)), mesh1, rules)
+  hf.save_policy(model, str(tmp_path / "out"))
+  gen = _read(tmp_path / "out", "generation_config.json")
+  assert gen == {"bos_token_id": 1, "eos_token_id": [2, 3], "pad_token_id": 0}
+
+
+def test_export_of_a_named_size_policy_takes_special_ids(tmp_path, tiny_cfg, mesh1, rules):
+  cfg = tiny_cfg.replace(d_model=32, mlp_dim=64, num_layers=1, head_dim=16)
+  hf.save_policy(models.CausalLM(cfg, rngs=nnx.Rngs(params=0)), str(tmp_path), bos_id=1, eos_ids=(2,),
+                 pad_id=0)
+  out = _read(tmp_path, "config.json")
+  assert (out["bos_token_id"], out["eos_token_id"], out["pad_token_id"]) == (1, 2, 0)
+  assert _read(tmp_path, "generation_config.json") == {"bos_token_id": 1, "eos_token_id": 2,
+                                                        "pad_token_id": 0}
+  _, again = hf.load_policy(str(tmp_path), mesh1, rules)
+  assert (again.bos_id, again.eos_ids, again.pad_id) == (1, (2,), 0)
 
 
 def test_tokenizer_json_chat_template_and_special_ids(tmp_path):
@@ -303,6 +358,38 @@ def test_live_rope_fields_resolve_as_transformers_does(family, rope, want, tmp_p
   cfg = hf.config_from_hf(hf.read_config(str(tmp_path)))
   np.testing.assert_allclose(rope_inv_freq(cfg), inv_freq, rtol=1e-6)
   assert rope_attention_scale(cfg) == pytest.approx(scale, rel=1e-7)
+
+
+@hf_mark
+@pytest.mark.parametrize("generation", [True, False])
+def test_live_exported_policy_generates_like_its_source(generation, tmp_path, mesh1, rules):
+  _need_transformers()
+  import torch
+  import transformers
+  src = str(_source_with_metadata(tmp_path, generation))
+  model, _ = hf.load_policy(src, mesh1, rules)
+  hf.save_policy(model, str(tmp_path / "out"))
+  theirs = [transformers.AutoModelForCausalLM.from_pretrained(f).eval() for f in (src, str(tmp_path / "out"))]
+  for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "max_length", "max_new_tokens", "do_sample",
+               "temperature", "top_p"):
+    assert getattr(theirs[1].generation_config, attr) == getattr(theirs[0].generation_config, attr), attr
+  for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "max_position_embeddings", "rope_parameters",
+               "dtype"):
+    assert getattr(theirs[1].config, attr) == getattr(theirs[0].config, attr), attr
+  prompt = torch.tensor([[5, 6, 7, 8]])
+  out = [m.generate(prompt, do_sample=False, max_new_tokens=8) for m in theirs]
+  assert out[1].tolist() == out[0].tolist()
+
+
+@hf_mark
+def test_live_named_size_export_has_the_given_ids(tmp_path, tiny_cfg):
+  _need_transformers()
+  import transformers
+  cfg = tiny_cfg.replace(d_model=32, mlp_dim=64, num_layers=1, head_dim=16)
+  hf.save_policy(models.CausalLM(cfg, rngs=nnx.Rngs(params=0)), str(tmp_path), bos_id=1, eos_ids=(2,),
+                 pad_id=0)
+  gen = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).generation_config
+  assert (gen.bos_token_id, gen.eos_token_id, gen.pad_token_id) == (1, 2, 0)
 
 
 @hf_mark

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from functools import partial
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import ml_dtypes
@@ -31,6 +31,7 @@ _ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwe
 _MAX_POSITION_DEFAULT = {"llama": 2048, "qwen2": 32_768, "qwen3": 32_768}
 _DEFAULT_THETA = 10_000.0
 _ROPE_TYPES = ("default", "llama3", "yarn")
+_SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def _rope_parameters(hf: dict[str, Any], family: str, problems: list[str]) -> tuple[dict, str]:
@@ -113,9 +114,10 @@ def _yarn(rope: dict, original: int, max_position: int | None) -> YarnScaling:
       truncate=bool(rope.get("truncate", True)))
 
 
-def config_from_hf(hf: dict[str, Any], **overrides) -> ModelConfig:
-  """Map a transformers config.json to ModelConfig; refuse what this decoder does not implement,
-  naming the field and its value."""
+def config_from_hf(hf: dict[str, Any], generation: dict[str, Any] | None = None,
+                   **overrides) -> ModelConfig:
+  """Map a transformers config.json (and generation_config.json) to ModelConfig; refuse what this
+  decoder does not implement, naming the field and its value."""
   family = hf.get("model_type")
   if family not in _ARCH:
     raise CheckpointError(
@@ -136,6 +138,7 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> ModelConfig:
   if problems:
     raise CheckpointError(f"config.json ({family}) is not supported: " + "; ".join(problems))
   heads = int(hf["num_attention_heads"])
+  eos = hf.get("eos_token_id")
   fields = dict(
       family=family, vocab_size=int(hf["vocab_size"]), d_model=int(hf["hidden_size"]),
       num_layers=int(hf["num_hidden_layers"]), num_heads=heads,
@@ -144,9 +147,23 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> ModelConfig:
       mlp_dim=int(hf["intermediate_size"]), rope_theta=float(rope["rope_theta"]), rope_scaling=scaling,
       rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-      qkv_bias=family == "qwen2", qk_norm=family == "qwen3")
+      qkv_bias=family == "qwen2", qk_norm=family == "qwen3",
+      max_position=None if max_position is None else int(max_position),
+      # The ids as config.json has them: transformers generates with these (not its class
+      # defaults) when there is no generation_config.json.
+      bos_id=hf.get("bos_token_id"), pad_id=hf.get("pad_token_id"),
+      eos_ids=() if eos is None else (eos,) if isinstance(eos, int) else tuple(eos),
+      generation_config=None if generation is None else json.dumps(generation, sort_keys=True))
   fields.update({k: v for k, v in overrides.items() if v is not None})
   return ModelConfig(**fields)
+
+
+def _eos_to_hf(eos_ids: tuple[int, ...]) -> int | list[int] | None:
+  return None if not eos_ids else eos_ids[0] if len(eos_ids) == 1 else list(eos_ids)
+
+
+def _special_ids(cfg: ModelConfig) -> dict[str, Any]:
+  return dict(zip(_SPECIAL_IDS, (cfg.bos_id, _eos_to_hf(cfg.eos_ids), cfg.pad_id)))
 
 
 def _rope_to_hf(cfg: ModelConfig) -> dict[str, Any]:
@@ -172,7 +189,12 @@ def config_to_hf(cfg: ModelConfig, extra: dict[str, Any] | None = None) -> dict[
       "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
       "rms_norm_eps": cfg.rms_eps, "tie_word_embeddings": cfg.tie_embeddings,
       "rope_theta": cfg.rope_theta, "rope_parameters": rope, "attention_bias": False,
-      "torch_dtype": cfg.param_dtype, "max_position_embeddings": 32_768,
+      # transformers 5 reads `dtype`, older versions `torch_dtype`.
+      "dtype": cfg.param_dtype, "torch_dtype": cfg.param_dtype,
+      # Unknown for a policy built from a size without one (tiny): transformers' Qwen default.
+      "max_position_embeddings": cfg.max_position or 32_768,
+      # Written even when None, so that LlamaConfig's defaults (1, 2) do not stand in for them.
+      **_special_ids(cfg),
   }
   if cfg.rope_scaling is not None:
     out["rope_scaling"] = rope  # what transformers 4 reads; 5 lets it win over rope_parameters
@@ -180,6 +202,21 @@ def config_to_hf(cfg: ModelConfig, extra: dict[str, Any] | None = None) -> dict[
     out["use_sliding_window"] = False
   out.update(extra or {})
   return out
+
+
+def generation_config_to_hf(cfg: ModelConfig, source: ModelConfig | None = None) -> dict[str, Any]:
+  """generation_config.json: the source checkpoint's as it was, else the special ids (as
+  transformers derives one from config.json). Ids that `source` (the config before save_policy
+  filled it) lacked and `cfg` has are added to the copy too."""
+  source = source or cfg
+  if source.generation_config is None:
+    return {k: v for k, v in _special_ids(cfg).items() if v is not None}
+  gen = json.loads(source.generation_config)
+  had = _special_ids(source)
+  for key, value in _special_ids(cfg).items():
+    if had[key] is None and value is not None and gen.get(key) is None:
+      gen[key] = value
+  return gen
 
 
 def _read_json(path: str) -> dict[str, Any]:
@@ -195,6 +232,16 @@ def read_config(folder: str) -> dict[str, Any]:
   if not os.path.exists(path):
     raise CheckpointError(f"{folder}: no config.json (expected a Hugging Face checkpoint folder)")
   return _read_json(path)
+
+
+def read_generation_config(folder: str) -> dict[str, Any] | None:
+  path = os.path.join(folder, "generation_config.json")
+  return _read_json(path) if os.path.exists(path) else None
+
+
+def config_from_folder(folder: str, **overrides) -> ModelConfig:
+  """ModelConfig of a Hugging Face folder, with what its generation_config.json says to keep."""
+  return config_from_hf(read_config(folder), read_generation_config(folder), **overrides)
 
 
 # --- parameter layout: our path -> how to build it from HF tensors, and back ---
@@ -298,7 +345,7 @@ def load_model(folder: str, model_cls, mesh: Mesh, rules: sharding.Rules,
   Tensors are read one at a time and each device receives only its shard. Parameters the
   checkpoint does not have (a critic's value head) are initialized from `key`.
   """
-  cfg = config_from_hf(read_config(folder), **overrides)
+  cfg = config_from_folder(folder, **overrides)
   tensors = safetensors_io.SafetensorsFolder(folder)
   graphdef, abs_state = abstract_model(model_cls, cfg)
   shardings = sharding.state_shardings(abs_state, mesh, rules)
@@ -337,14 +384,28 @@ def _out_dtype(name: str) -> np.dtype:
   return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
 
 
-def save_policy(model: CausalLM, folder: str, *, dtype: str | None = None,
-                max_shard_bytes: int = 4 << 30, extra_config: dict | None = None) -> None:
-  """Write `model` as a transformers-loadable folder (config.json + safetensors [+ index]).
+def _fill_special_ids(cfg: ModelConfig, bos_id, eos_ids, pad_id) -> ModelConfig:
+  eos = (eos_ids,) if isinstance(eos_ids, int) else tuple(eos_ids or ())
+  return cfg.replace(bos_id=cfg.bos_id if cfg.bos_id is not None else bos_id,
+                     eos_ids=cfg.eos_ids or eos,
+                     pad_id=cfg.pad_id if cfg.pad_id is not None else pad_id)
 
+
+def save_policy(model: CausalLM, folder: str, *, dtype: str | None = None,
+                max_shard_bytes: int = 4 << 30, extra_config: dict | None = None,
+                bos_id: int | None = None, eos_ids: Sequence[int] | int | None = None,
+                pad_id: int | None = None) -> None:
+  """Write `model` as a transformers-loadable folder (config.json, generation_config.json,
+  safetensors [+ index]).
+
+  The special ids, context length, rope scaling and generation config come from the model's
+  config, so an imported checkpoint is written back with its own. `bos_id`, `eos_ids` and `pad_id`
+  (a tokenizer's) fill only the ids that config lacks, as for a policy built from a named size.
   Parameters are gathered to the host one at a time and streamed into the files; on many hosts
   every process takes part in each gather and process 0 writes.
   """
-  cfg: ModelConfig = model.cfg
+  source: ModelConfig = model.cfg
+  cfg = _fill_special_ids(source, bos_id, eos_ids, pad_id)
   out_dtype = _out_dtype(dtype or cfg.param_dtype)
   params = list(nnx.to_flat_state(nnx.state(model)))
   # Plan: which HF tensors each parameter becomes, and which file each lands in.
@@ -391,9 +452,11 @@ def save_policy(model: CausalLM, folder: str, *, dtype: str | None = None,
   if not writer:
     return
   hf_cfg = config_to_hf(cfg, extra_config)
-  hf_cfg["torch_dtype"] = str(out_dtype)
+  hf_cfg["dtype"] = hf_cfg["torch_dtype"] = str(out_dtype)
   with open(os.path.join(folder, "config.json"), "w") as f:
     json.dump(hf_cfg, f, indent=2)
+  with open(os.path.join(folder, "generation_config.json"), "w") as f:
+    json.dump(generation_config_to_hf(cfg, source), f, indent=2)
   if len(files) > 1:
     weight_map = {n: fname for fname, specs in zip(names, files) for n, _, _ in specs}
     total = sum(int(np.prod(shape)) * out_dtype.itemsize for specs in files for _, shape, _ in specs)

@@ -63,8 +63,18 @@ class ModelConfig:
   dtype: str = "float32"  # activations and matmuls
   param_dtype: str = "float32"  # stored parameters
   init_std: float = 0.02
+  # What a checkpoint says about its use, not its shape: carried from import to export so that
+  # an exported policy generates as its source did.
+  max_position: int | None = None  # HF max_position_embeddings; None: unknown
+  bos_id: int | None = None
+  eos_ids: tuple[int, ...] = ()
+  pad_id: int | None = None
+  generation_config: str | None = None  # the source's generation_config.json, as sorted JSON text
 
   def __post_init__(self):
+    # A list (from JSON or a ConfigDict) would make the config unhashable, and nnx needs a hash.
+    eos = (self.eos_ids,) if isinstance(self.eos_ids, int) else self.eos_ids
+    object.__setattr__(self, "eos_ids", tuple(int(e) for e in eos))
     errors = []
     if self.family not in FAMILIES:
       errors.append(f"family={self.family!r} is not one of {FAMILIES}")
@@ -73,6 +83,8 @@ class ModelConfig:
         errors.append(f"{name}={getattr(self, name)} must be positive")
     if self.num_kv_heads > 0 and self.num_heads % self.num_kv_heads:
       errors.append(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+    if self.max_position is not None and self.max_position <= 0:
+      errors.append(f"max_position={self.max_position} must be positive")
     if self.head_dim % 2:
       errors.append(f"head_dim={self.head_dim} must be even for rotary embeddings")
     for name in ("dtype", "param_dtype"):
@@ -132,21 +144,21 @@ NAMED: dict[str, dict[str, Any]] = {
         head_dim=64, mlp_dim=704, rope_theta=10_000.0, rms_eps=1e-5, tie_embeddings=True),
     "qwen2.5-0.5b": _qwen2(
         vocab_size=151_936, d_model=896, num_layers=24, num_heads=14, num_kv_heads=2, head_dim=64,
-        mlp_dim=4864, tie_embeddings=True),
+        mlp_dim=4864, tie_embeddings=True, max_position=32_768),
     "qwen3-0.6b": _qwen3(
         vocab_size=151_936, d_model=1024, num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
-        mlp_dim=3072, tie_embeddings=True),
+        mlp_dim=3072, tie_embeddings=True, max_position=40_960),
     "qwen3-1.7b": _qwen3(
         vocab_size=151_936, d_model=2048, num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
-        mlp_dim=6144, tie_embeddings=True),
+        mlp_dim=6144, tie_embeddings=True, max_position=40_960),
     "llama-3.2-1b": _llama(
         vocab_size=128_256, d_model=2048, num_layers=16, num_heads=32, num_kv_heads=8, head_dim=64,
-        mlp_dim=8192, tie_embeddings=True,
+        mlp_dim=8192, tie_embeddings=True, max_position=131_072,
         rope_scaling=RopeScaling(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                  original_max_position=8192)),
     "llama-3-8b": _llama(
         vocab_size=128_256, d_model=4096, num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128,
-        mlp_dim=14_336, tie_embeddings=False),
+        mlp_dim=14_336, tie_embeddings=False, max_position=8192),
 }
 
 
@@ -159,7 +171,7 @@ def named(name: str, **overrides) -> ModelConfig:
   return ModelConfig(**fields)
 
 
-_OVERRIDABLE = {f.name for f in dataclasses.fields(ModelConfig)} - {"rope_scaling"}
+_OVERRIDABLE = {f.name for f in dataclasses.fields(ModelConfig)} - {"rope_scaling", "generation_config"}
 
 
 def from_config_dict(cfg: Mapping[str, Any]) -> ModelConfig:
