@@ -119,73 +119,86 @@ def _empty_cache(cfg, p: SamplingParams, batch: int, prompt_len: int) -> Cache:
                 for _ in range(cfg.num_layers)])
 
 
+def _pick(logits, u_BxN, step, done, p: SamplingParams):
+  """Row r's token of step `step` from its uniform u[r, step]; padding once a row is done."""
+  u = jax.lax.dynamic_index_in_dim(u_BxN, step, axis=1, keepdims=False)
+  tok, lp, slp = sample(logits, u, p)
+  tok = jnp.where(done, p.pad_id, tok)
+  return tok, jnp.where(done, 0.0, lp), jnp.where(done, 0.0, slp)
+
+
+def _record(out, step, tok, lp, slp, done):
+  """Write step `step`'s column of (tokens, log-probs, sampler log-probs, live)."""
+  toks, lps, slps, live = out
+  at = (jnp.zeros((), jnp.int32), step)
+  toks = jax.lax.dynamic_update_slice(toks, tok[:, None], at)
+  lps = jax.lax.dynamic_update_slice(lps, lp[:, None], at)
+  slps = jax.lax.dynamic_update_slice(slps, slp[:, None], at)
+  live = jax.lax.dynamic_update_slice(live, (~done)[:, None], at)
+  return toks, lps, slps, live
+
+
+def _chunk_step(policy, p: SamplingParams, prompt, mask_BxP, start_pos, tables, u_BxN,
+                chunk: int, j: int):
+  """The while_loop body of chunk j: step i feeds token i-1 into slot i-1, samples token i."""
+  cfg, decoder = policy.cfg, policy.model
+  cos_table, sin_table = tables
+  slot_ids = jnp.arange(chunk, dtype=jnp.int32)
+
+  def body(carry):
+    i, tok, done, out, chunks = carry
+    slot = i - 1
+    offset = slot - j * chunk
+    pos = start_pos + slot
+    cos, sin = cos_table[pos], sin_table[pos]
+    valid = [mask_BxP] + [jnp.ones((1, chunk), bool)] * j + [(slot_ids <= offset)[None]]
+    x = decoder.embed_tokens(tok)
+    new_chunks = []
+    for layer, pseg, segs in zip(decoder.layers, prompt, chunks):
+      q, k, v = layer.project_qkv(rms_norm(x, layer.attn_norm[...], cfg.rms_eps), cos, sin)
+      segs = segs[:-1] + [kv_cache.write(segs[-1], offset, k, v)]
+      x = x + layer.attn_out(kv_cache.attend(q, [pseg] + segs, valid))
+      x = x + layer.mlp(rms_norm(x, layer.mlp_norm[...], cfg.rms_eps))
+      new_chunks.append(segs)
+    tok, lp, slp = _pick(policy.logits(decoder.final(x)), u_BxN, i, done, p)
+    out = _record(out, i, tok, lp, slp, done)
+    return i + 1, tok, done | is_eos(tok, p.eos_ids), out, new_chunks
+
+  return body
+
+
 def _decode(policy, p: SamplingParams, cache: Cache, tokens_BxP, mask_BxP, key, row_ids):
   cfg = policy.cfg
   decoder = policy.model
   b, plen = tokens_BxP.shape
   n = p.max_new_tokens
-  keys = row_keys(key, row_ids)
+  u_BxN = row_uniforms(row_keys(key, row_ids), n)  # row r samples step i with u[r, i]
 
   hidden, kvs = decoder.prefill(tokens_BxP, mask_BxP)
   prompt = [kv_cache.prompt_segment(k, v) for k, v in kvs]
   # Rotary tables for every position a generated token can take.
-  cos_table, sin_table = decoder.rope(jnp.arange(plen + n, dtype=jnp.int32))
+  tables = decoder.rope(jnp.arange(plen + n, dtype=jnp.int32))
   start_pos = jnp.sum(mask_BxP, axis=-1, dtype=jnp.int32)
-
-  u_BxN = row_uniforms(keys, n)  # row r samples step i with u[r, i]
-
-  def pick(logits, step, done):
-    u = jax.lax.dynamic_index_in_dim(u_BxN, step, axis=1, keepdims=False)
-    tok, lp, slp = sample(logits, u, p)
-    tok = jnp.where(done, p.pad_id, tok)
-    return tok, jnp.where(done, 0.0, lp), jnp.where(done, 0.0, slp)
-
-  def record(out, step, tok, lp, slp, done):
-    toks, lps, slps, live = out
-    at = (jnp.zeros((), jnp.int32), step)
-    toks = jax.lax.dynamic_update_slice(toks, tok[:, None], at)
-    lps = jax.lax.dynamic_update_slice(lps, lp[:, None], at)
-    slps = jax.lax.dynamic_update_slice(slps, slp[:, None], at)
-    live = jax.lax.dynamic_update_slice(live, (~done)[:, None], at)
-    return toks, lps, slps, live
 
   out = (jnp.full((b, n), p.pad_id, jnp.int32), jnp.zeros((b, n), jnp.float32),
          jnp.zeros((b, n), jnp.float32), jnp.zeros((b, n), bool))
   no = jnp.zeros((b,), bool)
-  tok, lp, slp = pick(policy.logits(hidden), jnp.zeros((), jnp.int32), no)
-  out = record(out, 0, tok, lp, slp, no)
+  tok, lp, slp = _pick(policy.logits(hidden), u_BxN, jnp.zeros((), jnp.int32), no, p)
+  out = _record(out, 0, tok, lp, slp, no)
   done = is_eos(tok, p.eos_ids)
   steps = jnp.where(jnp.all(done), 1, n).astype(jnp.int32)  # tokens sampled per row until all end
 
-  # Step i feeds token i-1 into slot i-1 and samples token i, for i in [1, n).
+  # Generated tokens go into chunks of KV-cache slots, one while_loop each; attention reads
+  # only the chunks written so far.
   slots = n - 1
   all_chunks = [[kv_cache.clear(s) for s in layer] for layer in cache.chunks]
   chunk = all_chunks[0][0].v_BxKxTxD.shape[2] if slots else 1
   live_chunks: list[list[kv_cache.Segment]] = [[] for _ in range(cfg.num_layers)]
-  slot_ids = jnp.arange(chunk, dtype=jnp.int32)
   for j in range(len(all_chunks[0])):
     for layer, mine in zip(live_chunks, all_chunks):
       layer.append(mine[j])
     end = min((j + 1) * chunk, slots) + 1
-
-    def body(carry, j=j):
-      i, tok, done, out, chunks = carry
-      slot = i - 1
-      offset = slot - j * chunk
-      pos = start_pos + slot
-      cos, sin = cos_table[pos], sin_table[pos]
-      valid = [mask_BxP] + [jnp.ones((1, chunk), bool)] * j + [(slot_ids <= offset)[None]]
-      x = decoder.embed_tokens(tok)
-      new_chunks = []
-      for layer, pseg, segs in zip(decoder.layers, prompt, chunks):
-        q, k, v = layer.project_qkv(rms_norm(x, layer.attn_norm[...], cfg.rms_eps), cos, sin)
-        segs = segs[:-1] + [kv_cache.write(segs[-1], offset, k, v)]
-        x = x + layer.attn_out(kv_cache.attend(q, [pseg] + segs, valid))
-        x = x + layer.mlp(rms_norm(x, layer.mlp_norm[...], cfg.rms_eps))
-        new_chunks.append(segs)
-      tok, lp, slp = pick(policy.logits(decoder.final(x)), i, done)
-      out = record(out, i, tok, lp, slp, done)
-      return i + 1, tok, done | is_eos(tok, p.eos_ids), out, new_chunks
+    body = _chunk_step(policy, p, prompt, mask_BxP, start_pos, tables, u_BxN, chunk, j)
 
     def cond(carry, end=end):
       return (carry[0] < end) & ~jnp.all(carry[2])
