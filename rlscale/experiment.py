@@ -13,7 +13,7 @@ from absl import logging
 from jax.sharding import Mesh
 
 from rlscale import models, sharding, tasks
-from rlscale.checkpoints.hf import config_from_hf, read_config
+from rlscale.checkpoints.hf import config_from_folder
 from rlscale.checkpoints.tokenizer import HFTokenizer
 from rlscale.metrics_writer import write_json
 
@@ -29,8 +29,7 @@ class Setup:
 def model_config(cfg: ml_collections.ConfigDict) -> models.ModelConfig:
   m = cfg.model.to_dict()
   if m.get("hf_checkpoint"):
-    return config_from_hf(read_config(m["hf_checkpoint"]), dtype=m["dtype"],
-                          param_dtype=m["param_dtype"])
+    return config_from_folder(m["hf_checkpoint"], dtype=m["dtype"], param_dtype=m["param_dtype"])
   m.pop("hf_checkpoint", None)
   return models.from_config_dict(m)
 

@@ -96,6 +96,7 @@ class Loop:
     if start:
       state, meta = self.ckpt.restore(start, self.trainer.state())
       self.trainer.load(state, meta.pop("trainer", {}))
+      self.last_eval = meta.pop("last_eval", {})  # a finished run's summary keeps its evaluation
       for k in self.trainer.counters:
         self.trainer.counters[k] = meta.pop(k)
       self.counters.update(meta)
@@ -139,6 +140,7 @@ class Loop:
                           "time/eval": time.time() - t})
     logging.info("starting policy: %s", {k: round(float(v), 4) for k, v in self.last_eval.items()})
     self.t_run = time.time()
+    self._check_target()  # a policy that starts on target reaches it at 0 responses
 
   def finish(self, p: Pending) -> None:
     """Fetch a step's metrics, check them, evaluate and save when due, write its row."""
@@ -162,7 +164,8 @@ class Loop:
       self._check_target()
     if self.checkpoint_due(p.step):
       t = time.time()
-      meta = {**self.counters, **self.trainer.counters, "trainer": self.trainer.meta()}
+      meta = {**self.counters, **self.trainer.counters, "trainer": self.trainer.meta(),
+              "last_eval": {k: float(v) for k, v in self.last_eval.items()}}
       self.ckpt.save(p.step, self.trainer.state(), meta)
       p.phases["checkpoint"] = time.time() - t
     self.t_prev_end = time.time()

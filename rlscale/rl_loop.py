@@ -169,8 +169,10 @@ class RLTrainer:
 
   def finish(self, counters: dict[str, Any], last_eval: dict[str, float]) -> dict[str, Any]:
     """Export the policy and write summary.json."""
+    tok = self.env.task.tokenizer  # ids the base checkpoint lacks; its own ones win
     hf.save_policy(nnx.merge(self.graphdef, self.actor.params),
-                   os.path.join(self.workdir, "policy"))
+                   os.path.join(self.workdir, "policy"), bos_id=getattr(tok, "bos_id", None),
+                   eos_ids=tok.eos_ids, pad_id=tok.pad_id)
     out = summarize(self.cfg, self.workdir, counters, last_eval, self.plan)
     out["compilations"] = {**{n: m.update.traces for n, m in self.algo.models.items()},
                            "sampler": self.sampler.traces}

@@ -55,12 +55,14 @@ def sequence_batch(prompt_tokens, prompt_mask, out: Rollout, mesh: Mesh, rules) 
 
 def reward_metrics(rewards, correct, finished, resp_mask, group_size: int) -> dict[str, Any]:
   """The step's reward and response metrics over all processes (this process's rows given)."""
-  groups = rewards.reshape(-1, group_size)
+  groups = correct.reshape(-1, group_size)
   lengths = resp_mask.sum(axis=1)
   g_sum, g_mean = distributed.global_sum, distributed.global_mean
-  return {"reward/mean": g_mean(rewards), "reward/std": float(np.std(rewards)),
+  mean = g_mean(rewards)
+  std = float(np.sqrt(max(g_mean(np.square(rewards.astype(np.float64))) - mean ** 2, 0.0)))
+  return {"reward/mean": mean, "reward/std": std,
           "reward/accuracy": g_mean(correct), "reward/finished": g_mean(finished),
-          "reward/solved_groups": g_mean(groups.min(axis=1) > 0),
-          "reward/unsolved_groups": g_mean(groups.max(axis=1) == 0),
+          "reward/solved_groups": g_mean(groups.all(axis=1)),  # every response correct
+          "reward/unsolved_groups": g_mean(~groups.any(axis=1)),  # none correct
           "response/length_mean": g_mean(lengths), "response/length_max": int(lengths.max()),
           "response_tokens": int(g_sum(lengths.sum()))}

@@ -116,7 +116,9 @@ class SFTTrainer:
   def finish(self, counters: dict, last_eval: dict) -> dict:
     """Export the policy (marked complete last) and write summary.json."""
     out = os.path.join(self.workdir, "policy")
-    hf.save_policy(nnx.merge(self.graphdef, self.train_state.params), out)
+    tok = self.env.task.tokenizer  # an exported policy generates with the task's special tokens
+    hf.save_policy(nnx.merge(self.graphdef, self.train_state.params), out,
+                   bos_id=getattr(tok, "bos_id", None), eos_ids=tok.eos_ids, pad_id=tok.pad_id)
     summary = {"kind": "sft", "steps": self.plan.num_steps, "batch": self.plan.describe(),
                "wall_time": counters["wall_time"], **last_eval}
     write_json(os.path.join(self.workdir, "summary.json"), summary)

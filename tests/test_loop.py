@@ -277,9 +277,6 @@ def test_target_with_stop_ends_the_run_after_a_checkpoint_of_that_step(tmp_path)
   assert t2.calls == [] and counters2["step"] == 6 and counters2["responses_to_target"] == 18
 
 
-@pytest.mark.xfail(strict=True, reason="Loop._evaluate_start never calls _check_target: a "
-                   "starting policy that already meets the target is credited at the first "
-                   "evaluation after training instead of at 0 responses")
 def test_a_starting_policy_that_meets_the_target_reaches_it_at_zero_responses(tmp_path):
   t = FakeTrainer(acc=lambda step: 0.9)
   counters, _ = _run(tmp_path, t, 4, eval_at_start=True, eval_every=2, target=0.5)
@@ -296,9 +293,6 @@ def test_restarting_a_finished_run_does_no_step_again(tmp_path):
   assert _rows(tmp_path) == rows
 
 
-@pytest.mark.xfail(strict=True, reason="Loop.run returns last_eval={} when a restart has no step "
-                   "left (a finished or target-stopped run): trainer.finish then writes a "
-                   "summary.json without the final evaluation")
 def test_restarting_a_finished_run_returns_its_last_evaluation(tmp_path):
   _, first = _run(tmp_path, FakeTrainer(), 4, eval_every=2)
   assert first == {"eval/acc": 0.4}

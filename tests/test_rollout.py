@@ -208,3 +208,12 @@ def test_sequence_batch_of_sampled_responses_scores_end_to_end(task, mesh8, rule
   ends = rtoks[np.arange(8), np.maximum(rmask.sum(1) - 1, 0)]
   np.testing.assert_array_equal(finished, (rmask.sum(1) > 0) & (ends == EOS))
   assert set(rewards.tolist()) <= {0.0, 1.0} and (rewards == correct).all()
+
+
+def test_solved_groups_count_correct_responses_not_partial_credit():
+  """With task.partial_credit a response can earn reward without being correct."""
+  rewards = np.array([0.5, 0.5, 1.0, 1.0], np.float32)
+  correct = np.array([False, False, True, True])
+  m = rollout.reward_metrics(rewards, correct, np.ones(4, bool), np.ones((4, 3), bool), 2)
+  assert m["reward/solved_groups"] == 0.5 and m["reward/unsolved_groups"] == 0.5
+  assert m["reward/std"] == pytest.approx(np.std(rewards))
