@@ -134,6 +134,29 @@ def permutation(key, rows: int, group_size: int, by_group) -> jax.Array:
   return jnp.where(by_group, by_grp, by_row)
 
 
+def micro_grad_fn(forward, loss: TokenLoss):
+  """value_and_grad of one micro-batch's share of the mini-batch loss, sum(w * loss), with its
+  metrics as token sums (weights mw)."""
+  def micro_loss(params, xs, prox):
+    mb, w, mw = xs
+    mb, w, mw = jax.tree.map(lambda x: sharding.constrain(x, ("batch",) + (None,) * (x.ndim - 1)),
+                             (mb, w, mw))
+    per_token, metrics = loss(forward(params, mb, prox))
+    return jnp.sum(w * per_token), {k: jnp.sum(mw * v) for k, v in metrics.items()}
+
+  return jax.value_and_grad(micro_loss, has_aux=True)
+
+
+def apply_gradients(optimizer, state: TrainState, grads, prox_decay: float | None) -> TrainState:
+  """One optimizer step; the proximal parameters (if any) follow as an EWMA."""
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  prox = state.prox
+  if prox_decay is not None:
+    prox = jax.tree.map(lambda a, b: prox_decay * a + (1.0 - prox_decay) * b, prox, params)
+  return TrainState(params, opt_state, state.step + 1, prox)
+
+
 def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLoss,
                 *, num_minibatches: int, num_epochs: int, microbatch: int, aggregation: str,
                 max_len: int, mesh: Mesh, rules: sharding.Rules, shuffle: bool = True,
@@ -149,15 +172,7 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
   are with `measure_noise=False`. With `prox_decay` the state's `prox` parameters follow the
   trained ones as an EWMA, updated after every optimizer step.
   """
-
-  def micro_loss(params, xs, prox):
-    mb, w, mw = xs
-    mb, w, mw = jax.tree.map(lambda x: sharding.constrain(x, ("batch",) + (None,) * (x.ndim - 1)),
-                             (mb, w, mw))
-    per_token, metrics = loss(forward(params, mb, prox))
-    return jnp.sum(w * per_token), {k: jnp.sum(mw * v) for k, v in metrics.items()}
-
-  grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+  grad_fn = micro_grad_fn(forward, loss)
 
   def minibatch_step(state: TrainState, mb: SequenceBatch):
     rows = mb.tokens.shape[0]
@@ -171,16 +186,11 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
         lambda p, x: grad_fn(p, x, state.prox), state.params, micro, shares,
         measure_noise and n_micro > 1)
     big_sq = sq_norm(grads)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    prox = state.prox
-    if prox_decay is not None:
-      prox = jax.tree.map(lambda a, b: prox_decay * a + (1.0 - prox_decay) * b, prox, params)
     metrics = {k: jnp.sum(v) for k, v in metrics.items()}
     metrics.update(loss=jnp.sum(values), grad_norm=jnp.sqrt(big_sq))
     if n_micro > 1 and measure_noise:
       metrics.update({"noise/grad_sq_small": small_sq, "noise/grad_sq_big": big_sq})
-    return TrainState(params, opt_state, state.step + 1, prox), metrics
+    return apply_gradients(optimizer, state, grads, prox_decay), metrics
 
   def update(state: TrainState, batch: SequenceBatch, key, by_group):
     with sharding.activation_sharding(mesh, rules):
