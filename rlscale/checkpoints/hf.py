@@ -407,28 +407,8 @@ def save_policy(model: CausalLM, folder: str, *, dtype: str | None = None,
   source: ModelConfig = model.cfg
   cfg = _fill_special_ids(source, bos_id, eos_ids, pad_id)
   out_dtype = _out_dtype(dtype or cfg.param_dtype)
-  params = list(nnx.to_flat_state(nnx.state(model)))
-  # Plan: which HF tensors each parameter becomes, and which file each lands in.
-  plan = []  # (path, variable) in the order their tensors are written
-  files: list[list[tuple[str, tuple, np.dtype]]] = [[]]
-  size = 0
-  for path, var in params:
-    value = var.get_value()
-    names: list[str] = []
-
-    def hf_tensors(x, path=path, names=names):
-      pairs = list(_to_hf(cfg, _path(path), x))
-      names[:] = [n for n, _ in pairs]
-      return [t for _, t in pairs]
-
-    outs = jax.eval_shape(hf_tensors, jax.ShapeDtypeStruct(value.shape, value.dtype))
-    plan.append((path, var))
-    nbytes = sum(int(np.prod(o.shape)) * out_dtype.itemsize for o in outs)
-    if size and size + nbytes > max_shard_bytes:
-      files.append([])
-      size = 0
-    files[-1].extend((n, o.shape, out_dtype) for n, o in zip(names, outs))
-    size += nbytes
+  plan, files = _file_plan(cfg, list(nnx.to_flat_state(nnx.state(model))), out_dtype,
+                           max_shard_bytes)
   writer = jax.process_index() == 0
   names = (["model.safetensors"] if len(files) == 1 else
            [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))])
@@ -449,8 +429,38 @@ def save_policy(model: CausalLM, folder: str, *, dtype: str | None = None,
     else:
       for _ in arrays:
         pass
-  if not writer:
-    return
+  if writer:
+    _write_metadata(folder, cfg, source, extra_config, out_dtype, names, files)
+
+
+def _file_plan(cfg: ModelConfig, params, out_dtype, max_shard_bytes: int):
+  """(the (path, variable) pairs in the order their tensors are written, and per file the
+  (HF name, shape, dtype) of its tensors), files cut at `max_shard_bytes`."""
+  plan = []
+  files: list[list[tuple[str, tuple, np.dtype]]] = [[]]
+  size = 0
+  for path, var in params:
+    value = var.get_value()
+    names: list[str] = []
+
+    def hf_tensors(x, path=path, names=names):
+      pairs = list(_to_hf(cfg, _path(path), x))
+      names[:] = [n for n, _ in pairs]
+      return [t for _, t in pairs]
+
+    outs = jax.eval_shape(hf_tensors, jax.ShapeDtypeStruct(value.shape, value.dtype))
+    plan.append((path, var))
+    nbytes = sum(int(np.prod(o.shape)) * out_dtype.itemsize for o in outs)
+    if size and size + nbytes > max_shard_bytes:
+      files.append([])
+      size = 0
+    files[-1].extend((n, o.shape, out_dtype) for n, o in zip(names, outs))
+    size += nbytes
+  return plan, files
+
+
+def _write_metadata(folder, cfg, source, extra_config, out_dtype, names, files) -> None:
+  """config.json, generation_config.json and (for several files) the index."""
   hf_cfg = config_to_hf(cfg, extra_config)
   hf_cfg["dtype"] = hf_cfg["torch_dtype"] = str(out_dtype)
   with open(os.path.join(folder, "config.json"), "w") as f:
