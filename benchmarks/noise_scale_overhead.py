@@ -3,7 +3,7 @@
     python benchmarks/noise_scale_overhead.py [--steps=30]
 
 Runs configs/grpo.py from its cached base policy for --steps steps three times: with the noise
-scale (rl.microbatch = mini-batch / 2, the default), without it at the same micro-batch (the
+scale (rl.microbatch as the batch plan chooses it, 'auto' by default), without it at the same micro-batch (the
 measurement's own cost: one squared norm per micro-batch), and without it with the whole
 mini-batch in one micro-batch (the setting without any small batch). Overheads are differences
 of median step times over the median step time without the measurement.
@@ -29,17 +29,18 @@ def main(argv):
   del argv
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   from rlscale import config_files, logs, train
+  from rlscale.config_validation import validate
   logs.quiet_libraries()
   logging.set_verbosity(logging.WARNING)
   out = {}
-  for name, noise, halve in (("with_noise_scale", True, True), ("without", False, True),
+  for name, noise, split in (("with_noise_scale", True, True), ("without", False, True),
                              ("without_one_microbatch", False, False)):
     cfg = config_files.load(FLAGS.config)
     if FLAGS.cache_dir:
       cfg.init.cache_dir = FLAGS.cache_dir
-    minibatch = cfg.rl.num_prompts * cfg.rl.group_size // cfg.rl.num_minibatches
+    plan = validate(cfg)  # the run's own sizes: the auto micro-batch with the noise scale on
     cfg.noise.enabled = noise
-    cfg.rl.microbatch = minibatch // 2 if halve else minibatch
+    cfg.rl.microbatch = plan.main.microbatch if split else plan.main.minibatch
     cfg.train.num_steps, cfg.train.eval_every, cfg.train.checkpoint_every = FLAGS.steps, 0, 0
     cfg.train.tensorboard = False
     with tempfile.TemporaryDirectory() as workdir:
