@@ -148,7 +148,7 @@ class RLTrainer:
 
   def rates(self, p: Pending, wall: float) -> dict[str, float]:
     _, step_flops = p.info
-    update_s = p.phases["actor_update"] + p.phases.get("critic_update", 0.0)
+    update_s = p.phases["actor_update"] + sum(p.update_phases.values())  # every model's
     out = {"throughput/gen_tokens_per_s": p.host["response_tokens"] / p.phases["generate"],
            "throughput/train_tokens_per_s":
                p.host["train_tokens"] * self.plan.main.num_epochs / update_s,

@@ -13,13 +13,7 @@ import numpy as np
 
 from rlscale.batch import BatchPlan
 
-MEANS = ("throughput/gen_tokens_per_s", "throughput/train_tokens_per_s",
-         "throughput/responses_per_s", "mfu/step", "time/step", "time/generate", "time/reward",
-         "time/logprobs", "time/critic_update", "time/actor_update", "time/eval", "time/other",
-         "critic/explained_variance")
-FINALS = ("actor/noise_responses/b_simple", "actor/noise_prompts/b_simple",
-          "critic/noise_responses/b_simple", "critic/noise_prompts/b_simple",
-          "critic/explained_variance")
+MEAN_PREFIXES = ("throughput/", "mfu/", "time/")  # and every model's explained variance
 
 
 def _steps(workdir: str) -> list[dict[str, Any]]:
@@ -40,11 +34,16 @@ def summarize(cfg: ml_collections.ConfigDict, workdir: str, counters: dict[str, 
          "time_to_target": counters.get("time_to_target"), **last_eval}
   if counters.get("wall_time"):
     out["responses_per_s"] = counters["responses_seen"] / counters["wall_time"]
-  for k in MEANS:
-    values = [row[k] for row in steps if isinstance(row.get(k), (int, float))]
-    if values and np.isfinite(np.mean(values)):
-      out[f"mean/{k}"] = float(np.mean(values))
-  for k in FINALS:
+  variance = [f"{m}/explained_variance" for m in plan.models]
+  keys = sorted({k for row in steps for k in row})
+  for k in keys:
+    if k.startswith(MEAN_PREFIXES) or k in variance:
+      values = [row[k] for row in steps if isinstance(row.get(k), (int, float))]
+      if values and np.isfinite(np.mean(values)):
+        out[f"mean/{k}"] = float(np.mean(values))
+  finals = variance + [f"{m}/noise_{u}/b_simple" for m in plan.models
+                       for u in ("responses", "prompts")]
+  for k in finals:
     last = [row[k] for row in steps if k in row]
     if last:
       out[f"final/{k}"] = last[-1]
