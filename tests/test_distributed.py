@@ -1,9 +1,11 @@
 """Two processes, one mesh: each loads only its rows and gets what one process gets."""
 
+import json
 import os
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -48,3 +50,142 @@ def test_two_processes_decode_like_one(tmp_path):
 
 def test_process_rows_single_process():
   assert distributed.process_rows(6) == slice(0, 6)
+
+
+# --- one RL run as two processes against the same run in one process ---
+
+TIMING = ("time/", "throughput/", "mfu/", "wall_time")  # differ between any two runs
+# The updates' device metrics are float32 reductions that an all-reduce over two processes may
+# add in another order than one over one process's devices. Seen: 1 ulp on actor/ratio, 3e-8 on
+# a loss that is exactly 0 in one process, relative 4.2e-6 on a noise-scale estimate (those
+# subtract nearly equal squared norms, which magnifies the last bits of the norms).
+RTOL, ATOL = 1e-5, 1e-6
+HYPERPARAMS = ("/lr", "/b1", "/b2", "/eps", "/eps_root", "/weight_decay", "/prox_decay")
+HOST_SUMS = ("reward/", "response/")  # host metrics summed over processes (rollout.py)
+FLOAT32_SUMS_BUG = (
+    "rlscale/distributed.py global_sum: process_allgather turns each process's float64 sum into "
+    "float32 (jax_enable_x64 is off), so reward/std of GRPO's step 1 differs from one process's "
+    "by 3.2e-10 (and integer counts above 2**24 would be rounded)")
+
+
+class Float32HostSums(AssertionError):
+  """Only host sums over processes differ, and by no more than float32 rounding."""
+
+
+def _within_tolerance(key):
+  return key.startswith(("actor/", "critic/")) and not key.endswith(HYPERPARAMS)
+
+
+def _run_two_processes(args, tmp_path, timeout=600):
+  """Both processes of one run; the logs go to files (a full pipe would block a process)."""
+  port = _free_port()
+  procs, logs = [], []
+  for pid in range(2):
+    env = dict(os.environ, JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
+               JAX_PROCESS_ID=str(pid), JAX_PLATFORMS="cpu", PYTHONPATH=REPO,
+               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    logs.append(open(tmp_path / f"process{pid}.log", "w+"))
+    worker = os.path.join(HERE, "workers", "two_process_rl.py")
+    procs.append(subprocess.Popen([sys.executable, worker, *args], env=env, stdout=logs[-1],
+                                  stderr=subprocess.STDOUT))
+  deadline = time.time() + timeout
+  try:
+    # A process that dies leaves the other waiting in a collective: stop it then.
+    while any(p.poll() is None for p in procs):
+      if any(p.returncode for p in procs) or time.time() > deadline:
+        break
+      time.sleep(0.5)
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  outputs = []
+  for log in logs:
+    log.seek(0)
+    outputs.append(log.read())
+    log.close()
+  for pid, p in enumerate(procs):
+    assert p.returncode == 0, f"process {pid} exited {p.returncode}:\n{outputs[pid][-5000:]}"
+  return outputs
+
+
+def _compare_rows(one, two):
+  """`two`'s metrics against `one`'s, timings left out: (mismatches, float32-rounded host
+  sums, (largest difference within tolerance, where), (largest share of it used, where))."""
+  assert [r["step"] for r in two] == [r["step"] for r in one]
+  mismatches, rounded = [], []
+  largest, used = (0.0, None), (0.0, None)
+  for a, b in zip(one, two):
+    keys = {k for k in a if not k.startswith(TIMING)}
+    assert keys == {k for k in b if not k.startswith(TIMING)}, (a["step"], keys ^ set(b))
+    for k in sorted(keys):
+      x, y = a[k], b[k]
+      if x == y:
+        continue
+      where = f"step {a['step']} {k}: one process {x!r}, two {y!r}"
+      numeric = not isinstance(x, str) and not isinstance(y, str)
+      if numeric and _within_tolerance(k):
+        diff, tol = abs(x - y), ATOL + RTOL * abs(x)
+        largest = max(largest, (diff, where))
+        used = max(used, (diff / tol, where))
+        if diff <= tol:
+          continue
+      elif numeric and k.startswith(HOST_SUMS) and abs(x - y) <= 1e-6 * abs(x):
+        rounded.append(where)  # float32 rounding, magnified at most 8 times by reward/std
+        continue
+      mismatches.append(where)
+  return mismatches, rounded, largest, used
+
+
+def _two_processes_like_one(name, tmp_path, cache_dir):
+  sys.path.insert(0, os.path.join(HERE, "workers"))
+  import two_process_rl
+
+  from rlscale import train
+
+  # One process, 8 devices; it builds the SFT base into the cache (once for both tests).
+  one = train.main(two_process_rl.config(name, cache_dir), str(tmp_path / "one"))
+  bases = [n for n in os.listdir(cache_dir) if not n.endswith(".lock")]
+  assert len(bases) == 1, bases
+
+  outputs = _run_two_processes([name, cache_dir, str(tmp_path / "two")], tmp_path)
+  for pid, out in enumerate(outputs):
+    assert "base policy: reusing" in out, f"process {pid} did not reuse the base:\n{out[-3000:]}"
+  assert sorted(n for n in os.listdir(cache_dir) if not n.endswith(".lock")) == bases
+
+  rows = {}
+  for run in ("one", "two"):
+    with open(tmp_path / run / "metrics.jsonl") as f:
+      rows[run] = [json.loads(line) for line in f]
+  assert [r["step"] for r in rows["one"]] == [0, 1, 2]
+  # Partial credit: the updates have something to learn.
+  assert max(r.get("reward/mean", 0) for r in rows["one"]) > 0
+  for r1, r2 in zip(rows["one"], rows["two"]):
+    for k in ("responses_seen", "tokens_seen"):
+      assert r1[k] == r2[k], (r1["step"], k, r1[k], r2[k])
+  with open(tmp_path / "two" / "summary.json") as f:
+    assert json.load(f)["compilations"] == one["compilations"]
+
+  mismatches, rounded, largest, used = _compare_rows(rows["one"], rows["two"])
+  print(f"{name}: largest difference {largest[0]:.3g} ({largest[1]}); at most {used[0]:.3g} of "
+        f"the tolerance {ATOL} + {RTOL} |value| used ({used[1]})")
+  assert not mismatches, "\n".join(mismatches + rounded)
+  if rounded:
+    raise Float32HostSums("\n".join(rounded))
+
+
+@pytest.fixture(scope="module")
+def rl_base_cache(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("rl_base"))
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, raises=Float32HostSums, reason=FLOAT32_SUMS_BUG)
+def test_two_processes_grpo_like_one(tmp_path, rl_base_cache):
+  _two_processes_like_one("grpo.py", tmp_path, rl_base_cache)
+
+
+@pytest.mark.slow
+def test_two_processes_ppo_like_one(tmp_path, rl_base_cache):
+  _two_processes_like_one("ppo.py", tmp_path, rl_base_cache)
