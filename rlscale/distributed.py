@@ -75,8 +75,24 @@ def global_sum(x) -> float:
   x = float(np.sum(x))
   if jax.process_count() == 1:
     return x
+  return float(np.sum(_allgather_float64(x)))
+
+
+def global_max(x) -> float:
+  """The max of `x` over every process's values."""
+  x = float(np.max(x))
+  if jax.process_count() == 1:
+    return x
+  return float(np.max(_allgather_float64(x)))
+
+
+def _allgather_float64(x: float) -> np.ndarray:
+  """Every process's `x`, exactly: without jax_enable_x64 an all-gather of float64 values
+  returns them rounded to float32 (counts past 2**24 lose units), so the bits travel as int32."""
   from jax.experimental import multihost_utils
-  return float(np.sum(multihost_utils.process_allgather(np.array([x]))))
+  bits = np.array([x], np.float64).view(np.int32)
+  gathered = np.asarray(multihost_utils.process_allgather(bits)).reshape(-1, 2)
+  return gathered.copy().view(np.float64).reshape(-1)
 
 
 def global_mean(x) -> float:

@@ -64,5 +64,5 @@ def reward_metrics(rewards, correct, finished, resp_mask, group_size: int) -> di
           "reward/accuracy": g_mean(correct), "reward/finished": g_mean(finished),
           "reward/solved_groups": g_mean(groups.all(axis=1)),  # every response correct
           "reward/unsolved_groups": g_mean(~groups.any(axis=1)),  # none correct
-          "response/length_mean": g_mean(lengths), "response/length_max": int(lengths.max()),
+          "response/length_mean": g_mean(lengths), "response/length_max": int(distributed.global_max(lengths)),
           "response_tokens": int(g_sum(lengths.sum()))}

@@ -62,12 +62,6 @@ TIMING = ("time/", "throughput/", "mfu/", "wall_time")  # differ between any two
 RTOL, ATOL = 1e-5, 1e-6
 HYPERPARAMS = ("/lr", "/b1", "/b2", "/eps", "/eps_root", "/weight_decay", "/prox_decay")
 HOST_SUMS = ("reward/", "response/")  # host metrics summed over processes (rollout.py)
-FLOAT32_SUMS_BUG = (
-    "rlscale/distributed.py global_sum: process_allgather turns each process's float64 sum into "
-    "float32 (jax_enable_x64 is off), so reward/std of GRPO's step 1 differs from one process's "
-    "by 3.2e-10 (and integer counts above 2**24 would be rounded)")
-
-
 class Float32HostSums(AssertionError):
   """Only host sums over processes differ, and by no more than float32 rounding."""
 
@@ -181,7 +175,6 @@ def rl_base_cache(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=Float32HostSums, reason=FLOAT32_SUMS_BUG)
 def test_two_processes_grpo_like_one(tmp_path, rl_base_cache):
   _two_processes_like_one("grpo.py", tmp_path, rl_base_cache)
 
