@@ -54,6 +54,27 @@ def test_unfinished_and_out_of_vocabulary_outputs():
   assert task.tokenizer.decode([250, 7]) == "?4"
 
 
+@pytest.mark.parametrize("partial_credit", [False, True])
+def test_special_and_spare_ids_inside_a_response_score_zero(partial_credit):
+  """The sampler draws from the model's whole vocabulary: pad, BOS, EOS and spare rows past the
+  tokenizer's vocabulary are never dropped to make a right answer out of them."""
+  task = Arithmetic(partial_credit=partial_credit)
+  tok, p = task.tokenizer, Problem("40+6=", "46")
+  four, six = tok.encode("4"), tok.encode("6")
+  assert task.score(four + six, True, p) == tasks.Score(1.0, True)
+  spare = tok.vocab_size  # the first of the model's rows the tokenizer does not know
+  for ids in (four + [tok.pad_id] + six, [tok.bos_id] + four + six, four + six + [spare],
+              four + [tok.eos_id] + six, four + six + [tok.pad_id], [-1] + four + six):
+    assert task.score(ids, True, p) == tasks.Score(0.0, False), ids
+  # The same through the batch scorer, with the final EOS stripped there.
+  rows = [four + six + [tok.eos_id], four + [tok.pad_id] + six + [tok.eos_id],
+          [tok.bos_id] + four + six + [tok.eos_id], four + six + [spare, tok.eos_id]]
+  tokens, mask = right_pad(rows, 5, tok.pad_id)
+  rewards, correct, finished = rollout.score(task, [p] * 4, tokens, mask, tok.eos_ids)
+  assert finished.all() and correct.tolist() == [True, False, False, False]
+  np.testing.assert_array_equal(rewards, [1.0, 0.0, 0.0, 0.0])
+
+
 def test_score_never_raises_even_if_the_verifier_does():
   class Broken(Arithmetic):
     def verify(self, response, problem):
@@ -76,6 +97,7 @@ def test_char_tokenizer_round_trip_and_errors():
   ids = tok.encode("12+3=", add_special_tokens=True)
   assert ids[0] == tok.bos_id and tok.decode(ids) == "12+3="
   assert tok.decode(ids + [tok.eos_id], skip_special_tokens=False) == "<bos>12+3=<eos>"
+  assert tok.decode([-1, 3, 17]) == "?0?"  # a negative id is no special token
   with pytest.raises(ValueError, match="'x' is not in the alphabet"):
     tok.encode("1x")
 

@@ -1,10 +1,13 @@
 """Text tasks for real checkpoints: TFDS math_dataset (mocked) and reasoning-gym."""
 
+import numpy as np
 import pytest
 
-from rlscale import tasks
+from rlscale import rollout, tasks
 from rlscale.checkpoints.tokenizer import HFTokenizer
 from rlscale.config_common import task as task_config
+from rlscale.tasks.base import Problem, right_pad
+from rlscale.tasks.text import TextTask
 from tiny_tokenizer import make_tokenizer_folder
 
 MATH = [{"question": f"What is {a} + {b}?".encode(), "answer": f"{a + b}\n".encode()}
@@ -65,3 +68,34 @@ def test_reasoning_gym_generators_with_our_verifier(tokenizer):
   for p in probs[:5]:
     assert task.verify(task.demonstration(p), p).correct
     assert task.score(tokenizer.encode("no idea"), True, p).reward == 0.0
+
+
+class _InMemory(TextTask):
+  """A text task on a fixed list, needing neither TFDS nor reasoning-gym."""
+  _train_size = 1
+
+  def _train_item(self, i):
+    return Problem("What is 40 + 6?", "46")
+
+  def _eval_items(self):
+    return [self._train_item(0)]
+
+
+def test_special_and_spare_ids_inside_a_text_response_score_zero(tokenizer):
+  """Template markers, pad and ids past the tokenizer's vocabulary are refused, not dropped."""
+  task = _InMemory(_cfg("tfds_math"), tokenizer)
+  p = task.problem(0)
+  im_start, im_end = (tokenizer.encode(t) for t in ("<|im_start|>", "<|im_end|>"))
+  assert tokenizer.pad_id == 0 and tokenizer.eos_ids == (2, 0) and im_start == [1]
+  ids = tokenizer.encode("So \\boxed{46}")
+  assert task.score(ids, True, p) == tasks.Score(1.0, True)
+  spare = tokenizer.vocab_size
+  for bad in (ids[:3] + [tokenizer.pad_id] + ids[3:], im_start + ids, ids + [spare],
+              ids[:3] + im_end + ids[3:], ids + [10**6]):
+    assert task.score(bad, True, p) == tasks.Score(0.0, False), bad
+  # Through the batch scorer: either EOS ends a response, an EOS inside one is refused.
+  rows = [ids + im_end, ids + [0], ids + [0] + im_end, [0] + ids + im_end, ids + [spare] + im_end]
+  toks, mask = right_pad(rows, len(ids) + 2, tokenizer.pad_id)
+  rewards, correct, finished = rollout.score(task, [p] * len(rows), toks, mask, tokenizer.eos_ids)
+  assert finished.all() and correct.tolist() == [True, True, False, False, False]
+  np.testing.assert_array_equal(rewards, correct.astype(np.float32))

@@ -69,16 +69,35 @@ class Task(abc.ABC):
     return [self.problem(i) for i in range(start, start + n)]
 
   def score(self, response_ids: Sequence[int], finished: bool, problem: Problem) -> Score:
-    """A response that ran out of tokens before EOS scores 0."""
+    """A response that ran out of tokens before EOS, or that holds an id no answer may contain
+    (see `response_text`), scores 0. `response_ids` come without their final EOS."""
     if not finished:
       return Score(0.0, False)
     try:
-      text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
+      text = response_text(self.tokenizer, response_ids)
+      if text is None:
+        return Score(0.0, False)
       s = self.verify(text, problem)
     except Exception:  # a verifier bug or pathological text must not end a run
       return Score(0.0, False)
     reward = float(s.reward) if np.isfinite(s.reward) else 0.0
     return Score(min(max(reward, 0.0), 1.0), bool(s.correct))
+
+
+def response_text(tokenizer: Tokenizer, ids: Sequence[int]) -> str | None:
+  """The text a verifier sees, or None when the response holds an id the policy must not emit
+  mid-answer: a special token (pad, BOS, EOS, template markers) or an id outside the
+  tokenizer's vocabulary (a model's spare rows; the sampler draws from all of them).
+
+  Decoding with special tokens skipped would drop such ids silently (`4 <pad> 6` would read
+  `46`), and a Hugging Face tokenizer also drops ids it does not know. An id is special when
+  skipping specials changes the decoded text, which holds for any tokenizer of the protocol.
+  """
+  ids = [int(i) for i in ids]
+  if any(not 0 <= i < tokenizer.vocab_size for i in ids):
+    return None
+  text = tokenizer.decode(ids, skip_special_tokens=True)
+  return text if tokenizer.decode(ids, skip_special_tokens=False) == text else None
 
 
 def left_pad(rows: Sequence[Sequence[int]], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:

@@ -34,10 +34,10 @@ class CharTokenizer:
     out = []
     for i in ids:
       i = int(i)
-      if i < len(SPECIALS):
+      if 0 <= i < len(SPECIALS):
         if not skip_special_tokens:
           out.append(SPECIALS[i])
-      elif i < self.vocab_size:
+      elif len(SPECIALS) <= i < self.vocab_size:
         out.append(self.alphabet[i - len(SPECIALS)])
       else:
         out.append("?")
