@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import time
 
 import jax
 import ml_collections
@@ -56,7 +57,55 @@ def config_hash(cfg: ml_collections.ConfigDict, drop: tuple[str, ...] = ()) -> s
   return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def prepare_workdir(workdir: str, cfg: ml_collections.ConfigDict) -> None:
-  os.makedirs(workdir, exist_ok=True)
+# Fields a resumed run may change without asking: they change no number the run computes.
+FREE_TO_CHANGE = ("train.log_every", "train.tensorboard", "train.async_checkpoint")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[prefix + k] = v
+  return out
+
+
+def _has_checkpoint(workdir: str) -> bool:
+  folder = os.path.join(workdir, "checkpoints")
+  return os.path.isdir(folder) and any(n.isdigit() for n in os.listdir(folder))
+
+
+def check_resume(workdir: str, cfg: ml_collections.ConfigDict,
+                 allow: tuple[str, ...] = ()) -> None:
+  """Refuse to resume a run directory's checkpoints with another config.
+
+  The config of a run with checkpoints is config.json; a field that differs (but those in
+  FREE_TO_CHANGE and `allow`, e.g. train.num_steps to extend a run) is a ConfigError naming
+  each field with its old and new value. Reads two small files; runs before any compute.
+  """
   path = os.path.join(workdir, "config.json")
-  write_json(path, json.loads(cfg.to_json_best_effort()))
+  if not (os.path.exists(path) and _has_checkpoint(workdir)):
+    return
+  with open(path) as f:
+    old = _flat(json.load(f))
+  new = _flat(json.loads(cfg.to_json_best_effort()))
+  changed = [f"{k}: {old.get(k, '(absent)')!r} -> {new.get(k, '(absent)')!r}"
+             for k in sorted(set(old) | set(new))
+             if old.get(k) != new.get(k) and k not in FREE_TO_CHANGE + tuple(allow)]
+  if changed:
+    from rlscale.batch import ConfigError
+    raise ConfigError(f"{workdir} holds checkpoints of a run with another config: "
+                      f"{'; '.join(changed)}. Resume with the same config, use another --workdir, "
+                      f"or allow the change with --allow_config_change="
+                      f"{','.join(c.split(':')[0] for c in changed)}")
+
+
+def prepare_workdir(workdir: str, cfg: ml_collections.ConfigDict) -> None:
+  """config.json (the run's config) and config_history.jsonl (every config it started with)."""
+  os.makedirs(workdir, exist_ok=True)
+  config = json.loads(cfg.to_json_best_effort())
+  write_json(os.path.join(workdir, "config.json"), config)
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "config_history.jsonl"), "a") as f:
+      f.write(json.dumps({"time": time.time(), "config": config}, sort_keys=True) + "\n")

@@ -23,10 +23,12 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
 
+from rlscale import preemption
 from rlscale.checkpointing import Checkpointer
 from rlscale.metrics_writer import MetricsWriter, Progress
 
@@ -59,6 +61,19 @@ def _non_finite(fetched: dict[str, Any]) -> list[str]:
           if not np.isfinite(v)]
 
 
+@jax.jit
+def _finite_leaves(state):
+  return jax.tree.map(lambda x: jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact)
+                      else jnp.bool_(True), state)
+
+
+def non_finite_leaves(state) -> list[str]:
+  """Paths of the state's arrays that hold a NaN or an Inf (one boolean per array fetched)."""
+  flags = jax.device_get(_finite_leaves(state))
+  return [jax.tree_util.keystr(path) for path, ok in jax.tree_util.tree_flatten_with_path(flags)[0]
+          if not ok]
+
+
 class Loop:
   def __init__(self, trainer, cfg: ml_collections.ConfigDict, workdir: str, num_steps: int,
                eval_at_start: bool):
@@ -70,6 +85,9 @@ class Loop:
     self.target = cfg.get("target")
     self.counters: dict[str, Any] = {"step": 0, "wall_time": 0.0, "seed": cfg.seed}
     self.last_eval: dict[str, float] = {}
+    self.metrics_rows: str | None = None
+    self.steps_run = 0
+    self.save_seconds: float | None = None  # reported as time/checkpoint of the next step
 
   # --- schedule ---
 
@@ -97,6 +115,7 @@ class Loop:
       state, meta = self.ckpt.restore(start, self.trainer.state())
       self.trainer.load(state, meta.pop("trainer", {}))
       self.last_eval = meta.pop("last_eval", {})  # a finished run's summary keeps its evaluation
+      self.metrics_rows = meta.pop("metrics", None)  # metrics.jsonl up to this step
       for k in self.trainer.counters:
         self.trainer.counters[k] = meta.pop(k)
       self.counters.update(meta)
@@ -107,7 +126,8 @@ class Loop:
     """Run to the last step; returns (counters, last evaluation)."""
     start = self.restore()
     self.writer = MetricsWriter(self.workdir, resume_step=start,
-                                tensorboard=self.cfg.train.tensorboard)
+                                tensorboard=self.cfg.train.tensorboard,
+                                restore=self.metrics_rows)
     self.progress = Progress(self.steps, self.cfg.train.log_every, start)
     self.t_run = time.time() - self.counters["wall_time"]
     try:
@@ -118,10 +138,13 @@ class Loop:
       for step in range(start + 1, self.steps + 1):
         if self.stopped():
           break
+        if preemption.requested():
+          self._save_for_preemption(pending)
         begun = self.trainer.begin(step)
         if pending is not None:  # step N's metrics, fetched while step N+1 is dispatched
           self.finish(pending)
         pending = self.trainer.complete(step, begun, self.t_prev_end)
+        self.steps_run += 1
         if self.eval_due(step) or self.checkpoint_due(step):
           self.finish(pending)  # evaluation and checkpoints need this step's parameters now
           pending = None
@@ -150,9 +173,7 @@ class Loop:
     p.phases.update(p.update_phases)
     bad = _non_finite(fetched)
     if bad:
-      raise NonFiniteError(
-          f"step {p.step}: non-finite {', '.join(bad)}; stopping. "
-          f"The last checkpoint (step {self.ckpt.latest_step()}) in {self.workdir} is intact.")
+      raise NonFiniteError(f"step {p.step}: non-finite {', '.join(bad)}; stopping. {self._intact()}")
     self.counters.update(step=p.step, wall_time=now - self.t_run)
     out = self.trainer.metrics(p, fetched)
     if self.eval_due(p.step):
@@ -162,12 +183,8 @@ class Loop:
       out.update(self.last_eval)
       self.counters["wall_time"] = time.time() - self.t_run
       self._check_target()
-    if self.checkpoint_due(p.step):
-      t = time.time()
-      meta = {**self.counters, **self.trainer.counters, "trainer": self.trainer.meta(),
-              "last_eval": {k: float(v) for k, v in self.last_eval.items()}}
-      self.ckpt.save(p.step, self.trainer.state(), meta)
-      p.phases["checkpoint"] = time.time() - t
+    if self.save_seconds is not None:  # the previous step's checkpoint, saved within this step
+      p.phases["checkpoint"], self.save_seconds = self.save_seconds, None
     self.t_prev_end = time.time()
     self.counters["wall_time"] = self.t_prev_end - self.t_run
     wall = self.t_prev_end - p.t_start
@@ -178,6 +195,37 @@ class Loop:
     out.update(self.trainer.counters, wall_time=self.counters["wall_time"])
     self.writer.write(p.step, out)
     self.progress.update(p.step, self.trainer.progress(out, self.last_eval))
+    if self.checkpoint_due(p.step):  # after the row: the checkpoint carries the rows up to it
+      t = time.time()
+      self.save(p.step)
+      self.save_seconds = time.time() - t
+
+  def save(self, step: int) -> None:
+    """Checkpoint the state after `step`, only if every array of it is finite."""
+    bad = non_finite_leaves(self.trainer.state())
+    if bad:
+      raise NonFiniteError(f"step {step}: the state to save holds NaN or Inf in {len(bad)} "
+                           f"arrays ({', '.join(bad[:5])}); stopping. {self._intact()}")
+    meta = {**self.counters, **self.trainer.counters, "trainer": self.trainer.meta(),
+            "last_eval": {k: float(v) for k, v in self.last_eval.items()}}
+    # The metrics rows are written once the step's row is; a checkpoint carries them all.
+    self.ckpt.save(step, self.trainer.state(), meta | {"metrics": self.writer.packed()})
+
+  def _intact(self) -> str:
+    last = self.ckpt.latest_step()
+    if last is None:
+      return f"No checkpoint was saved yet in {self.workdir}."
+    return f"The last checkpoint (step {last}) in {self.workdir} is intact."
+
+  def _save_for_preemption(self, pending: Pending | None) -> None:
+    """Finish the step in flight, save it, and stop with preemption.Preempted."""
+    if pending is not None:
+      self.finish(pending)  # saves it when due
+    step = self.counters["step"]
+    if step and self.ckpt.latest_step() != step:
+      self.save(step)
+    logging.warning("preempted: saved step %d in %s", step, self.workdir)
+    raise preemption.Preempted(step)
 
   def _check_target(self) -> None:
     tgt, c = self.target, self.counters

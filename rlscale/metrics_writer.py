@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 import math
 import os
@@ -21,21 +23,41 @@ def _plain(v: Any) -> Any:
   return v
 
 
+def pack(lines: list[str]) -> str:
+  """metrics.jsonl lines as compact text for a checkpoint's meta (gzip, base64)."""
+  return base64.b64encode(gzip.compress("".join(lines).encode(), mtime=0)).decode()
+
+
+def unpack(text: str) -> list[str]:
+  return gzip.decompress(base64.b64decode(text)).decode().splitlines(keepends=True)
+
+
 class MetricsWriter:
   """One JSON object per step in metrics.jsonl, the same scalars as TensorBoard events.
 
-  Only process 0 writes. On resume from step k, lines after step k are dropped first, so the
-  file holds each step once.
+  Only process 0 writes. Every line written is also kept, so that a checkpoint can carry the
+  rows up to its step (`packed()`); a resumed run passes them back as `restore`, and the file
+  is rewritten from them atomically: exactly one valid row per step up to the restored step,
+  whatever a crash did to the file. Without `restore`, on resume from step k the valid lines up
+  to step k are kept.
   """
 
-  def __init__(self, workdir: str, resume_step: int | None = None, tensorboard: bool = True):
+  def __init__(self, workdir: str, resume_step: int | None = None, tensorboard: bool = True,
+               restore: str | None = None):
     self.enabled = jax.process_index() == 0
     self.path = os.path.join(workdir, "metrics.jsonl")
     self._tb = None
+    self.lines: list[str] = []
     if not self.enabled:
       return
     os.makedirs(workdir, exist_ok=True)
-    if os.path.exists(self.path):
+    if restore is not None:
+      self.lines = unpack(restore)
+      tmp = self.path + ".tmp"
+      with open(tmp, "w") as f:
+        f.writelines(self.lines)
+      os.replace(tmp, self.path)
+    elif os.path.exists(self.path):
       keep = []
       with open(self.path) as f:
         for line in f:
@@ -45,6 +67,7 @@ class MetricsWriter:
             continue  # a line cut by a crash
           if resume_step is not None and row.get("step", 0) <= resume_step:
             keep.append(line if line.endswith("\n") else line + "\n")
+      self.lines = keep
       with open(self.path, "w") as f:
         f.writelines(keep)
     if tensorboard:
@@ -56,12 +79,18 @@ class MetricsWriter:
       return
     row = {"step": int(step)}
     row.update({k: _plain(v) for k, v in metrics.items()})
+    line = json.dumps(row) + "\n"
+    self.lines.append(line)
     with open(self.path, "a") as f:
-      f.write(json.dumps(row) + "\n")
+      f.write(line)
     if self._tb is not None:
       for k, v in row.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
           self._tb.add_scalar(k, v, step)
+
+  def packed(self) -> str:
+    """The rows written so far, for a checkpoint's meta."""
+    return pack(self.lines)
 
   def close(self) -> None:
     if self._tb is not None:

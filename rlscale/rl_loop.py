@@ -27,7 +27,7 @@ from rlscale.loop import Loop, NonFiniteError, Pending  # noqa: F401  (NonFinite
 from rlscale.metrics_writer import write_json
 from rlscale.rl import algorithm
 from rlscale.sampling import Sampler, SamplingParams, generate
-from rlscale.summary import summarize
+from rlscale import summary
 
 EVAL_KEY = 2 * 10**6  # evaluation keys are fold_in(seed key, EVAL_KEY + step)
 
@@ -173,9 +173,10 @@ class RLTrainer:
     hf.save_policy(nnx.merge(self.graphdef, self.actor.params),
                    os.path.join(self.workdir, "policy"), bos_id=getattr(tok, "bos_id", None),
                    eos_ids=tok.eos_ids, pad_id=tok.pad_id)
-    out = summarize(self.cfg, self.workdir, counters, last_eval, self.plan)
-    out["compilations"] = {**{n: m.update.traces for n, m in self.algo.models.items()},
-                           "sampler": self.sampler.traces}
+    out = summary.summarize(self.cfg, self.workdir, counters, last_eval, self.plan)
+    out["compilations"] = summary.compilations(self.workdir, {
+        **{n: m.update.traces for n, m in self.algo.models.items()},
+        "sampler": self.sampler.traces})
     write_json(os.path.join(self.workdir, "summary.json"), out)
     logging.info("done: %s", {k: (round(v, 4) if isinstance(v, float) else v)
                               for k, v in out.items() if not isinstance(v, dict)})

@@ -48,3 +48,13 @@ def summarize(cfg: ml_collections.ConfigDict, workdir: str, counters: dict[str, 
     if last:
       out[f"final/{k}"] = last[-1]
   return out
+
+
+def compilations(workdir: str, counts: dict[str, int]) -> dict[str, int]:
+  """This process's compilation counts, or, when it compiled nothing (a restart of a finished
+  run), those the run's summary.json recorded."""
+  path = os.path.join(workdir, "summary.json")
+  if any(counts.values()) or not os.path.exists(path):
+    return counts
+  with open(path) as f:
+    return json.load(f).get("compilations", counts)

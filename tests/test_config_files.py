@@ -82,3 +82,24 @@ def test_command_line_keeps_a_local_path_and_locates_a_shipped_one(tmp_path, mon
   assert located[2:] == argv[2:]
   assert main.locate_config(["x", "--config", "rlscale.configs.sft"])[2].endswith(
       os.path.join("", "sft.py"))
+
+
+def test_resuming_with_another_config_is_refused_naming_the_fields(tmp_path):
+  import json
+  from rlscale import experiment
+  from rlscale.batch import ConfigError
+  cfg = config_files.load(os.path.join(REPO, "configs", "grpo.py:tiny"))
+  experiment.prepare_workdir(str(tmp_path), cfg)
+  changed = config_files.load(os.path.join(REPO, "configs", "grpo.py:tiny,lr=1e12"))
+  changed.train.log_every = 1  # free to change
+  experiment.check_resume(str(tmp_path), changed)  # no checkpoint yet: nothing to resume
+  os.makedirs(tmp_path / "checkpoints" / "2")
+  with pytest.raises(ConfigError, match=r"optim.lr: 0.0001 -> 1000000000000.0\. .*"
+                     r"--allow_config_change=optim.lr$"):
+    experiment.check_resume(str(tmp_path), changed)
+  experiment.check_resume(str(tmp_path), changed, allow=("optim.lr",))
+  experiment.check_resume(str(tmp_path), cfg)  # the same config resumes
+  experiment.prepare_workdir(str(tmp_path), changed)
+  with open(tmp_path / "config_history.jsonl") as f:
+    history = [json.loads(line)["config"]["optim"]["lr"] for line in f]
+  assert history == [1e-4, 1e12]

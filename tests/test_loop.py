@@ -175,7 +175,9 @@ def test_time_phases_add_up_to_the_step_and_steps_to_the_run(tmp_path):
     phases = {k: v for k, v in r.items() if k.startswith("time/") and k != "time/step"}
     assert {"time/generate", "time/reward", "time/update", "time/other"} <= set(phases)
     assert ("time/eval" in phases) == (r["step"] in (3, 6))
-    assert ("time/checkpoint" in phases) == (r["step"] in (2, 4, 6))
+    # A checkpoint is saved after its step's row (it carries the rows); its time counts in the
+    # next step. The last step's save is in no row.
+    assert ("time/checkpoint" in phases) == (r["step"] in (3, 5))
     assert sum(phases.values()) == pytest.approx(r["time/step"], rel=1e-9, abs=1e-9)
     assert all(v >= -1e-6 for v in phases.values()), phases  # phases lie inside the step
     assert r["time/update"] >= NAP and r["time/reward"] >= NAP
@@ -298,3 +300,74 @@ def test_restarting_a_finished_run_returns_its_last_evaluation(tmp_path):
   assert first == {"eval/acc": 0.4}
   _, again = _run(tmp_path, FakeTrainer(), 4, eval_every=2)
   assert again == first
+
+
+class StateGoesBad(FakeTrainer):
+  """Finite metrics (computed before the update), but the state after step `bad_state` is NaN,
+  as with a learning rate of 1e39."""
+
+  def __init__(self, bad_state, **kw):
+    super().__init__(**kw)
+    self.bad_state = bad_state
+
+  def complete(self, step, t_begin, t_start):
+    p = super().complete(step, t_begin, t_start)
+    if step >= self.bad_state:
+      self.w = math.nan
+    return p
+
+
+@pytest.mark.parametrize("bad_state, intact", [(4, r"The last checkpoint \(step 2\)"),
+                                               (2, "No checkpoint was saved yet")])
+def test_a_state_with_nan_is_never_saved(tmp_path, bad_state, intact):
+  """The step's metrics are finite; the state after it is not: the save refuses it."""
+  with pytest.raises(loop.NonFiniteError, match=rf"step {bad_state}: the state to save holds "
+                     rf"NaN or Inf in 1 arrays \(\['w'\]\).*{intact}"):
+    _run(tmp_path, StateGoesBad(bad_state), 6, checkpoint_every=2)
+  ckpt = Checkpointer(str(tmp_path / "checkpoints"))
+  assert ckpt.latest_step() == (2 if bad_state == 4 else None)
+  if ckpt.latest_step():
+    state, _ = ckpt.restore(2, {"w": jnp.zeros((), jnp.float32)})
+    assert np.isfinite(float(state["w"]))
+
+
+def test_resume_rewrites_metrics_from_the_checkpoint(tmp_path):
+  """A cut last line and a damaged middle line: the resumed file has one valid row a step."""
+  with pytest.raises(Interrupted):
+    _run(tmp_path, FakeTrainer(fail_at=6), 8, eval_at_start=True, eval_every=2,
+         checkpoint_every=4)
+  path = tmp_path / "metrics.jsonl"
+  lines = path.read_text().splitlines(keepends=True)
+  assert [json.loads(x)["step"] for x in lines] == [0, 1, 2, 3, 4]  # 5 was not fetched yet
+  lines[2] = lines[2][:10] + "\n"  # step 2's row cut mid-way
+  path.write_text("".join(lines[:-1]) + lines[-1][:7])  # and step 4's, the checkpoint's, too
+  _run(tmp_path, FakeTrainer(), 8, eval_at_start=True, eval_every=2, checkpoint_every=4)
+  rows = _rows(tmp_path)
+  assert [r["step"] for r in rows] == list(range(9))
+  straight = tmp_path / "straight"
+  _run(straight, FakeTrainer(), 8, eval_at_start=True, eval_every=2, checkpoint_every=4)
+  for a, b in zip(_rows(straight), rows):
+    assert {k: v for k, v in a.items() if not k.startswith(("time/", "wall", "throughput/"))} == \
+        {k: v for k, v in b.items() if not k.startswith(("time/", "wall", "throughput/"))}
+
+
+def test_preemption_saves_the_step_in_flight_and_asks_to_be_requeued(tmp_path):
+  from rlscale import preemption
+
+  class Preempts(FakeTrainer):
+    def complete(self, step, t_begin, t_start):
+      if step == 3:
+        preemption._handler(15, None)  # SIGTERM arrives during step 3
+      return super().complete(step, t_begin, t_start)
+
+  try:
+    with pytest.raises(preemption.Preempted) as e:
+      _run(tmp_path, Preempts(), 8, checkpoint_every=5)
+  finally:
+    preemption.reset()
+  assert e.value.step == 3
+  assert Checkpointer(str(tmp_path / "checkpoints")).latest_step() == 3  # not 0: nothing lost
+  assert [r["step"] for r in _rows(tmp_path)] == [1, 2, 3]
+  t = FakeTrainer()
+  _run(tmp_path, t, 8, checkpoint_every=5)
+  assert _called(t, "begin")[0] == 4 and t.w == sum(range(1, 9))

@@ -70,6 +70,11 @@ def test_grpo_tiny_end_to_end(tmp_path):
   # The cached base is reused: a second run builds nothing.
   train.main(_config(tmp_path), str(tmp_path / "run2"))
   assert len([n for n in os.listdir(tmp_path / "base") if not n.endswith(".lock")]) == 1
+  # Re-running the finished run does no step and keeps its summary's evaluation and counts.
+  again = train.main(_config(tmp_path), str(run))
+  assert again["compilations"] == {"actor": 1, "sampler": 1}
+  assert again["eval/accuracy_greedy"] == summary["eval/accuracy_greedy"]
+  assert _rows(run) == rows
 
 
 @pytest.mark.slow
@@ -150,7 +155,7 @@ def test_nan_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
   cfg = _config(tmp_path, **{"train.num_steps": 6})
   with pytest.raises(loop.NonFiniteError,
                      match=r"step 5: non-finite .*actor/loss.*step 4\) .* intact"):
-    train.main(cfg, str(tmp_path / "run"))
+    train.main(cfg, str(tmp_path / "run"), allow_config_change=("train.num_steps",))
   ckpt = Checkpointer(str(tmp_path / "run" / "checkpoints"))
   assert ckpt.latest_step() == 4
   assert [r["step"] for r in _rows(tmp_path / "run")] == [0, 1, 2, 3, 4]
