@@ -181,8 +181,9 @@ def _model(errors, name, prefix, section, rows, shards, seq_len, noise) -> Model
                     "scale needs them; set noise.enabled=False)" if noise else ""))
       return None
   elif minibatch % micro:
+    source = "sft.batch_size" if prefix == "sft" else f"{rows} / {prefix}.num_minibatches"
     errors.append(f"{prefix}.microbatch={micro} does not divide {label} ({minibatch} rows "
-                  f"= {rows} / {prefix}.num_minibatches); divisors: {divisors(minibatch)}")
+                  f"= {source}); divisors: {divisors(minibatch)}")
   elif micro % shards:
     errors.append(f"{prefix}.microbatch={micro} must split over {shards} batch shards (the "
                   f"mesh's batch axes)")
@@ -196,6 +197,10 @@ def _model(errors, name, prefix, section, rows, shards, seq_len, noise) -> Model
 def _steps(errors: list[str], train: Mapping[str, Any], per_step: int) -> int:
   total = train.get("total_responses", 0) or 0
   if total:
+    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+      errors.append(f"train.total_responses={total!r} must be a positive integer (or 0: run "
+                    f"train.num_steps steps)")
+      return 0
     if per_step and total % per_step:
       errors.append(f"train.total_responses={total} is not a whole number of steps of "
                     f"{per_step} responses")

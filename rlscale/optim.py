@@ -47,21 +47,33 @@ def scale(cfg: Mapping[str, Any], batch: float) -> Scaled:
 
 
 def check(cfg: Mapping[str, Any], prefix: str = "optim") -> list[str]:
-  """Errors of an optimizer section, each naming `prefix.field`."""
+  """Errors of an optimizer section, each naming `prefix.field`, its value and what is allowed."""
   errors = []
-  lr = cfg.get("lr")
-  if isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr <= 0:
-    errors.append(f"{prefix}.lr={lr!r} must be a positive number")
+
+  def number(field, allowed, ok, default=None):
+    v = cfg.get(field, default)
+    if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+        or not ok(v)):
+      errors.append(f"{prefix}.{field}={v!r} must be {allowed}")
+
+  number("lr", "a positive number", lambda v: v > 0)
   if cfg.get("schedule", "constant") not in SCHEDULES:
     errors.append(f"{prefix}.schedule={cfg['schedule']!r}; known: {', '.join(SCHEDULES)}")
   if cfg.get("lr_scaling", "none") not in RULES:
-    errors.append(f"{prefix}.lr_scaling={cfg['lr_scaling']!r}; known: {RULES}")
+    errors.append(f"{prefix}.lr_scaling={cfg['lr_scaling']!r}; known: {', '.join(RULES)}")
   ref = cfg.get("reference_batch")
-  if ref is not None and ref <= 0:
-    errors.append(f"{prefix}.reference_batch={ref} must be positive")
-  for f in ("warmup_responses", "final_lr_frac", "weight_decay", "grad_clip"):
-    if cfg.get(f, 0) < 0:
-      errors.append(f"{prefix}.{f}={cfg[f]} must be >= 0")
+  if ref is not None and (isinstance(ref, bool) or not isinstance(ref, (int, float)) or ref <= 0):
+    errors.append(f"{prefix}.reference_batch={ref!r} must be a positive number of responses "
+                  f"(or None: the run's own batch)")
+  if not isinstance(cfg.get("adam_scaling", False), bool):
+    errors.append(f"{prefix}.adam_scaling={cfg['adam_scaling']!r} must be True or False")
+  number("warmup_responses", ">= 0", lambda v: v >= 0, 0)
+  number("final_lr_frac", "in [0, 1] (a fraction of lr)", lambda v: 0 <= v <= 1, 0.0)
+  number("weight_decay", ">= 0", lambda v: v >= 0, 0.0)
+  number("grad_clip", ">= 0 (0 turns clipping off)", lambda v: v >= 0, 0.0)
+  number("b1", "in [0, 1)", lambda v: 0 <= v < 1, 0.9)
+  number("b2", "in [0, 1)", lambda v: 0 <= v < 1, 0.999)
+  number("eps", "> 0", lambda v: v > 0, 1e-8)
   return errors
 
 

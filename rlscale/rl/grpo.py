@@ -21,6 +21,9 @@ class GRPO:
   @staticmethod
   def check(cfg) -> list[str]:
     r = cfg.rl
+    if "advantage" not in r:
+      return [f"kind={cfg.kind!r} needs rl.advantage ({', '.join(sorted(ADVANTAGES))}), which "
+              f"this config lacks: start from configs/grpo.py"]
     errors = algorithm.registry_errors("rl.advantage", r.advantage, ADVANTAGES)
     errors += algorithm.policy_loss_errors(r)
     if isinstance(r.group_size, int) and r.group_size < 2 and r.advantage in ("grpo", "rloo"):

@@ -18,7 +18,7 @@ class PPOEWMA(PPO):
   @staticmethod
   def check(cfg) -> list[str]:
     errors = PPO.check(cfg)
-    if cfg.rl.prox_com <= 0:
+    if "prox_com" in cfg.rl and cfg.rl.prox_com <= 0:
       errors.append(f"rl.prox_com={cfg.rl.prox_com}: ppo_ewma needs the proximal policy's "
                     f"centre of mass (> 0, in optimizer steps at optim.reference_batch)")
     return errors
