@@ -70,4 +70,6 @@ def load(spec: str, relative_to: str | None = None) -> ml_collections.ConfigDict
   module_spec = importlib.util.spec_from_file_location("rlscale_config", path)
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
+  if not callable(getattr(module, "get_config", None)):
+    raise ValueError(f"config file {path!r} defines no get_config(arg=None) function")
   return module.get_config(arg or None)

@@ -3,19 +3,27 @@
 Also `python -m rlscale` and, in a checkout, `python launch/main.py`, with the same flags.
 `--config` names a file as ml_collections expects, or a shipped config (`configs/grpo.py:tiny`,
 `grpo.py`, `rlscale.configs.grpo`) found by rlscale.config_files from any directory.
+
+A user's mistake (a config field, a flag, a path) is refused before any compute as one line,
+`error: <message>` on stderr with exit status 2; `--verbose` shows the Python traceback too.
 """
 
+import difflib
+import re
 import signal
 import sys
 
+import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from rlscale import config_files
+from rlscale.batch import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (default: runs/<config>-<hash>)")
+flags.DEFINE_bool("verbose", False, "on a config or command-line error, show the traceback too")
 
 
 def _preempted(signum, frame):
@@ -25,14 +33,19 @@ def _preempted(signum, frame):
 def main(argv):
   del argv
   signal.signal(signal.SIGTERM, _preempted)
-  from rlscale import distributed, logs, train  # after absl parsed flags: JAX starts here
+  # After absl parsed flags: JAX starts here.
+  from rlscale import config_validation, distributed, logs, train
   logs.quiet_libraries()
   distributed.initialize()
+  cfg, config_file = _CONFIG.value, flags.FLAGS["config"].config_filename
+  workdir = _WORKDIR.value or train.default_workdir(cfg, config_file)
+  # Everything, with the config file and the run directory that train.main does not see.
+  config_validation.validate(cfg, config_file=config_file, workdir=workdir)
   import jax
   logging.info("process %d of %d, %d local devices of %d (%s)", jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count(),
                jax.default_backend())
-  train.main(_CONFIG.value, _WORKDIR.value, config_file=flags.FLAGS["config"].config_filename)
+  train.main(cfg, workdir, config_file=config_file)
 
 
 def _located(value: str) -> str:
@@ -42,24 +55,100 @@ def _located(value: str) -> str:
   return path + (":" + arg if arg else "")
 
 
+def _config_values(argv: list[str]):
+  """(index, text before the value, value) of each `--config` value in argv."""
+  for i, a in enumerate(argv):
+    if re.match(r"--?config=", a):
+      yield i, a.partition("=")[0] + "=", a.partition("=")[2]
+    elif a in ("--config", "-config") and i + 1 < len(argv):
+      yield i + 1, "", argv[i + 1]
+
+
 def locate_config(argv: list[str]) -> list[str]:
-  """argv with its `--config` value made a path that config_flags can open from here."""
+  """argv with each `--config` value made a path that config_flags can open from here."""
   out = list(argv)
-  for i, a in enumerate(out):
-    if a.startswith("--config="):
-      out[i] = "--config=" + _located(a[len("--config="):])
-      break
-    if a == "--config" and i + 1 < len(out):
-      out[i + 1] = _located(out[i + 1])
-      break
+  for i, before, value in _config_values(argv):
+    out[i] = before + _located(value)
   return out
+
+
+def check_overrides(argv: list[str]) -> None:
+  """Load the config as config_flags will and refuse an override that names no field.
+
+  config_flags reports a typo (`--config.rl.num_promts=3`) as a chained traceback; here it is
+  one line naming the flag, with the nearest field or the fields there are.
+  """
+  specs = [value for _, _, value in _config_values(argv)]
+  if not specs:
+    raise ConfigError("--config is required: an experiment config file, e.g. "
+                      "--config=configs/grpo.py or --config=configs/grpo.py:tiny")
+  spec = specs[-1]  # absl keeps the last
+  try:
+    cfg = config_files.load(spec)
+  except FileNotFoundError as e:
+    raise ConfigError(f"--config: {e}") from e
+  except Exception as e:  # the config file's own error (an unknown variant, a typo in it)
+    raise ConfigError(f"--config={spec}: {type(e).__name__}: {e}") from e
+  for a in argv[1:]:
+    m = re.match(r"--?config\.([^=]+)", a)
+    if not m:
+      continue
+    path = [re.sub(r"\[.*\]$", "", p) for p in m.group(1).split(".")]
+    node = cfg
+    for depth, name in enumerate(path):
+      where = ".".join(path[:depth])
+      if not isinstance(node, ml_collections.ConfigDict):
+        raise ConfigError(f"--config.{m.group(1)}: {where}={node!r} is a value, not a section")
+      if name not in node:
+        fields = sorted(node.keys())
+        close = difflib.get_close_matches(name, fields, n=1)
+        hint = (f"did you mean --config.{'.'.join(path[:depth] + close)}?" if close else
+                f"its fields: {', '.join(fields)}")
+        raise ConfigError(f"--config.{m.group(1)}: {where or 'the config'} has no field "
+                          f"{name!r}; {hint}")
+      node = node[name]
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's parse, with every flag error as a one-line ConfigError."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    raise ConfigError(lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}") from e
+
+
+def _verbose(argv: list[str]) -> bool:
+  """--verbose as absl will read it, known before absl parses (a parse error needs it)."""
+  on = False
+  for a in argv[1:]:
+    if a in ("--verbose", "-verbose") or re.fullmatch(r"--?verbose=(?i:true|1|yes)", a):
+      on = True
+    elif a in ("--noverbose", "-noverbose") or re.fullmatch(r"--?verbose=.*", a):
+      on = False
+  return on
 
 
 def run() -> None:
   """The console script `rlscale`."""
+  verbose = _verbose(sys.argv)
   try:
-    argv = locate_config(sys.argv)
-  except FileNotFoundError as e:
-    sys.exit(f"--config: {e}")  # a user's mistake: one line, no traceback
-  flags.mark_flags_as_required(["config"])
-  app.run(main, argv=argv)
+    try:
+      argv = locate_config(sys.argv)
+    except FileNotFoundError as e:
+      raise ConfigError(f"--config: {e}") from e
+    check_overrides(argv)
+    app.run(main, argv=argv, flags_parser=_parse_flags)
+  except ConfigError as e:
+    if verbose:
+      raise
+    print(one_line(e), file=sys.stderr)
+    sys.exit(2)
+
+
+def one_line(error: ConfigError) -> str:
+  """`error: <message>` on one line; validate's list of problems joined by '; '."""
+  problems = [line.strip() for line in str(error).splitlines() if line.strip()]
+  if len(problems) > 1 and problems[0] == "invalid config:":
+    problems = ["invalid config: " + "; ".join(problems[1:])]
+  return "error: " + " ".join(problems)

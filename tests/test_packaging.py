@@ -71,9 +71,9 @@ def test_the_editable_checkout_finds_its_configs_from_anywhere(tmp_path, monkeyp
   assert config_files.packaged_dirs() == [os.path.join(REPO, "configs")]
   out = subprocess.run([sys.executable, "-m", "rlscale", "--config=configs/nope.py"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)
-  assert out.returncode == 1  # a missing config: one line, no traceback
+  assert out.returncode == 2  # a missing config: one line, no traceback
   assert out.stderr.strip().splitlines() == [
-      f"--config: config file 'configs/nope.py' not found; looked in 'configs/nope.py', "
+      f"error: --config: config file 'configs/nope.py' not found; looked in 'configs/nope.py', "
       f"{os.path.join(REPO, 'configs', 'nope.py')!r} (current directory {str(tmp_path)!r})"]
 
 
