@@ -125,7 +125,7 @@ class Loop:
   def run(self) -> tuple[dict[str, Any], dict[str, float]]:
     """Run to the last step; returns (counters, last evaluation)."""
     start = self.restore()
-    self.writer = MetricsWriter(self.workdir, resume_step=start,
+    self.writer = MetricsWriter(self.workdir, resume_step=start or None,  # None: a new file
                                 tensorboard=self.cfg.train.tensorboard,
                                 restore=self.metrics_rows)
     self.progress = Progress(self.steps, self.cfg.train.log_every, start)

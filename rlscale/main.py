@@ -6,46 +6,42 @@ Also `python -m rlscale` and, in a checkout, `python launch/main.py`, with the s
 
 A user's mistake (a config field, a flag, a path) is refused before any compute as one line,
 `error: <message>` on stderr with exit status 2; `--verbose` shows the Python traceback too.
+A SIGTERM (preemption) stops the run at the next step boundary with that step saved, one line
+on stderr and exit status 75 (preemption.EXIT_REQUEUE): run the same command again to resume.
 """
 
 import difflib
 import re
-import signal
 import sys
 
 import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rlscale import config_files
+from rlscale import config_files, preemption
 from rlscale.batch import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (default: runs/<config>-<hash>)")
 flags.DEFINE_bool("verbose", False, "on a config or command-line error, show the traceback too")
-
-
-def _preempted(signum, frame):
-  raise KeyboardInterrupt(f"signal {signum}")  # unwinds the run, which finishes its saves
+_ALLOW = flags.DEFINE_list("allow_config_change", [], "fields a resumed run may change, e.g. "
+                           "train.num_steps to extend it (the others must match config.json)")
 
 
 def main(argv):
   del argv
-  signal.signal(signal.SIGTERM, _preempted)
+  preemption.install()  # SIGTERM: finish the step, save it, exit with EXIT_REQUEUE
   # After absl parsed flags: JAX starts here.
-  from rlscale import config_validation, distributed, logs, train
+  from rlscale import distributed, logs, train
   logs.quiet_libraries()
   distributed.initialize()
-  cfg, config_file = _CONFIG.value, flags.FLAGS["config"].config_filename
-  workdir = _WORKDIR.value or train.default_workdir(cfg, config_file)
-  # Everything, with the config file and the run directory that train.main does not see.
-  config_validation.validate(cfg, config_file=config_file, workdir=workdir)
   import jax
   logging.info("process %d of %d, %d local devices of %d (%s)", jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count(),
                jax.default_backend())
-  train.main(cfg, workdir, config_file=config_file)
+  train.main(_CONFIG.value, _WORKDIR.value, config_file=flags.FLAGS["config"].config_filename,
+             allow_config_change=tuple(_ALLOW.value))
 
 
 def _located(value: str) -> str:
@@ -144,6 +140,9 @@ def run() -> None:
       raise
     print(one_line(e), file=sys.stderr)
     sys.exit(2)
+  except preemption.Preempted as e:  # the step in flight is saved: start the same command again
+    print(e, file=sys.stderr)
+    sys.exit(preemption.EXIT_REQUEUE)
 
 
 def one_line(error: ConfigError) -> str:

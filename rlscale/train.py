@@ -20,8 +20,8 @@ def main(cfg: ml_collections.ConfigDict, workdir: str | None = None,
          config_file: str | None = None, allow_config_change: tuple[str, ...] = ()) -> dict:
   """Run `cfg` in `workdir`, resuming its checkpoints; `allow_config_change` lists the fields
   a resumed run may change (e.g. train.num_steps to extend it)."""
-  validate(cfg)  # every field, before any compute
   workdir = workdir or default_workdir(cfg, config_file)
+  validate(cfg, config_file=config_file, workdir=workdir)  # every field, before any compute
   experiment.check_resume(workdir, cfg, allow_config_change)
   logging.info("workdir %s", os.path.abspath(workdir))
   if cfg.kind == "sft":
