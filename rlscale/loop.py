@@ -110,9 +110,9 @@ class Loop:
   # --- the run ---
 
   def restore(self) -> int:
-    start = self.ckpt.latest_step() or 0
+    step, state, meta = self.ckpt.restore_latest(self.trainer.state())  # skips damaged steps
+    start = step or 0
     if start:
-      state, meta = self.ckpt.restore(start, self.trainer.state())
       self.trainer.load(state, meta.pop("trainer", {}))
       self.last_eval = meta.pop("last_eval", {})  # a finished run's summary keeps its evaluation
       self.metrics_rows = meta.pop("metrics", None)  # metrics.jsonl up to this step

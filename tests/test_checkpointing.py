@@ -1,15 +1,24 @@
-"""Checkpointer: sharded round trip on the 8 simulated devices, latest step, keep limit, async saves."""
+"""Checkpointer: sharded round trip on the 8 simulated devices, latest step, keep limit, async
+saves, and damaged checkpoints: a truncated or bit-flipped array file is found, the previous step
+used."""
 
+import json
+import logging
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from rlscale import sharding
-from rlscale.checkpointing import Checkpointer
+from rlscale.checkpointing import CHECKSUMS, CheckpointDamaged, Checkpointer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +102,301 @@ def test_async_save_is_complete_after_close(tmp_path, mesh):
   again.close()
   assert meta == {"step": 3}
   np.testing.assert_array_equal(np.asarray(got["w"]), np.asarray(state["w"]))
+
+
+# --- damaged checkpoints: checksums, fallback to the previous intact step ---
+
+
+def _data_state(mesh, seed):
+  """A state whose `w` is big and random enough that orbax stores it in a data file of its own
+  (small arrays sit inline in the b-tree nodes, which carry a CRC of their own)."""
+  w = jax.random.normal(jax.random.key(seed), (256, 64), jnp.float32)
+  return {
+      "w": jax.device_put(w, NamedSharding(mesh, P(("data", "fsdp"), "tensor"))),
+      "b": jax.device_put(jnp.full((16,), float(seed)), NamedSharding(mesh, P("tensor"))),
+      "step": jax.device_put(jnp.int32(seed), NamedSharding(mesh, P())),
+  }
+
+
+def _saved(directory, mesh, steps=(1, 2)):
+  ckpt = Checkpointer(directory, keep=len(steps), async_save=True)
+  for step in steps:
+    ckpt.save(step, _data_state(mesh, step), {"step": step})
+  ckpt.close()
+
+
+def _data_file(directory, step):
+  """The largest file orbax wrote for the arrays of `step`: where w's chunks are.
+
+  A step folder (orbax 0.12, OCDBT over zarr): meta/metadata (the JSON meta), state/_METADATA
+  and state/_sharding (the tree), state/manifest.ocdbt and state/d/<hash> (the b-tree, CRC'd),
+  and state/ocdbt.process_<p>/d/<hash>: the zstd-compressed chunks each process wrote, with no
+  checksum of their own.
+  """
+  files = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(directory, str(step), "state"))
+           for f in fs]
+  path = max(files, key=os.path.getsize)
+  assert os.path.getsize(path) > 16_000, sorted((os.path.getsize(f), f) for f in files)
+  return path
+
+
+def _truncate(path):
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) // 2)
+
+
+def _flip_bit(path):
+  with open(path, "r+b") as f:
+    f.seek(os.path.getsize(path) // 2)
+    byte = f.read(1)[0]
+    f.seek(-1, os.SEEK_CUR)
+    f.write(bytes([byte ^ 0x10]))
+
+
+def _assert_state(got, want):
+  for k in want:
+    np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]))
+    assert got[k].dtype == want[k].dtype
+
+
+def _warnings(caplog):
+  return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_intact_checkpoint_round_trips_exactly(tmp_path, mesh, caplog):
+  directory = str(tmp_path / "ckpt")
+  _saved(directory, mesh)
+  with open(os.path.join(directory, "2", "meta", "metadata")) as f:
+    on_disk = json.load(f)[CHECKSUMS]  # the checksums travel inside the step's meta
+  assert set(on_disk) == {"w", "b", "step"} and len(on_disk["w"]["sha256"]) == 8  # one a shard
+  ckpt = Checkpointer(directory)
+  with caplog.at_level(logging.WARNING):
+    step, got, meta = ckpt.restore_latest(jax.tree.map(jnp.zeros_like, _data_state(mesh, 0)))
+  ckpt.close()
+  assert step == 2 and meta == {"step": 2}
+  _assert_state(got, _data_state(mesh, 2))
+  assert not _warnings(caplog)
+
+
+def test_truncated_array_file_falls_back_to_the_previous_step(tmp_path, mesh, caplog):
+  directory = str(tmp_path / "ckpt")
+  _saved(directory, mesh)
+  _truncate(_data_file(directory, 2))
+  ckpt = Checkpointer(directory, keep=2, async_save=False)
+  with caplog.at_level(logging.WARNING):
+    step, got, meta = ckpt.restore_latest(_data_state(mesh, 0))
+  assert step == 1 and meta == {"step": 1}
+  _assert_state(got, _data_state(mesh, 1))
+  [line] = _warnings(caplog)
+  assert "step 2 is damaged: w: unreadable" in line and "trying step 1" in line, line
+  assert "tensorstore_spec" not in line  # one line, not TensorStore's spec dumps
+  # The damaged step is set aside with its files, so the resumed run can save step 2 again.
+  assert ckpt.latest_step() == 1 and os.listdir(os.path.join(directory, "damaged"))
+  ckpt.save(2, _data_state(mesh, 2), {"step": 2})
+  assert ckpt.restore_latest(_data_state(mesh, 0))[0] == 2
+  ckpt.close()
+
+
+def test_flipped_bit_is_detected_and_falls_back(tmp_path, mesh, caplog):
+  directory = str(tmp_path / "ckpt")
+  _saved(directory, mesh)
+  _flip_bit(_data_file(directory, 2))
+  # Orbax alone reads the flipped bit without complaint: the defect the checksums are for.
+  raw = ocp.CheckpointManager(directory)
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _data_state(mesh, 0))
+  silent = raw.restore(2, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+  raw.close()
+  assert not np.array_equal(np.asarray(silent["state"]["w"]), np.asarray(_data_state(mesh, 2)["w"]))
+
+  ckpt = Checkpointer(directory)
+  with pytest.raises(CheckpointDamaged, match=r"step 2 is damaged: w: checksum mismatch") as e:
+    ckpt.restore(2, _data_state(mesh, 0))
+  assert (e.value.step, e.value.array) == (2, "w")
+  with caplog.at_level(logging.WARNING):
+    step, got, meta = ckpt.restore_latest(_data_state(mesh, 0))
+  ckpt.close()
+  assert step == 1 and meta == {"step": 1}
+  _assert_state(got, _data_state(mesh, 1))
+  [line] = _warnings(caplog)
+  assert "step 2 is damaged: w: checksum mismatch in shard" in line, line
+
+
+def test_every_step_damaged_gives_none(tmp_path, mesh, caplog):
+  directory = str(tmp_path / "ckpt")
+  _saved(directory, mesh)
+  _flip_bit(_data_file(directory, 2))
+  _truncate(_data_file(directory, 1))
+  ckpt = Checkpointer(directory)
+  with caplog.at_level(logging.WARNING):
+    assert ckpt.restore_latest(_data_state(mesh, 0)) == (None, None, {})
+  assert ckpt.latest_step() is None
+  ckpt.close()
+  lines = _warnings(caplog)
+  assert len(lines) == 2, lines  # one line a damaged step
+  assert "step 2 is damaged: w: checksum mismatch" in lines[0] and "trying step 1" in lines[0]
+  assert "step 1 is damaged: w: unreadable" in lines[1] and "no older step" in lines[1]
+
+
+def test_damaged_meta_falls_back(tmp_path, mesh, caplog):
+  directory = str(tmp_path / "ckpt")
+  _saved(directory, mesh)
+  with open(os.path.join(directory, "2", "meta", "metadata"), "r+b") as f:
+    f.truncate(10)
+  ckpt = Checkpointer(directory)
+  with caplog.at_level(logging.WARNING):
+    assert ckpt.restore_latest(_data_state(mesh, 0))[0] == 1
+  ckpt.close()
+  [line] = _warnings(caplog)
+  assert "step 2 is damaged: meta: unreadable" in line, line
+
+
+def test_checkpoint_from_before_checksums_restores_with_a_warning(tmp_path, mesh, caplog):
+  directory = str(tmp_path / "ckpt")
+  old = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=True))
+  state = _data_state(mesh, 4)
+  old.save(4, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                      meta=ocp.args.JsonSave({"step": 4})))
+  old.close()
+  ckpt = Checkpointer(directory)
+  with caplog.at_level(logging.WARNING):
+    step, got, meta = ckpt.restore_latest(_data_state(mesh, 0))
+  ckpt.close()
+  assert step == 4 and meta == {"step": 4}
+  _assert_state(got, state)
+  [line] = _warnings(caplog)
+  assert "step 4" in line and "no checksums" in line
+
+
+def test_restore_into_other_arrays_is_an_error_not_damage(tmp_path, mesh):
+  """A changed model asks for other shapes: a clear error, and no step is set aside."""
+  directory = str(tmp_path / "ckpt")
+  _saved(directory, mesh)
+  like = {**_data_state(mesh, 0), "b": jnp.zeros((8,))}
+  ckpt = Checkpointer(directory)
+  with pytest.raises(ValueError, match=r"step 2 .* shapes: b saved \[16\], asked \[8\]"):
+    ckpt.restore_latest(like)
+  with pytest.raises(ValueError, match=r"not saved: extra"):
+    ckpt.restore(2, {**_data_state(mesh, 0), "extra": jnp.zeros(())})
+  assert ckpt.latest_step() == 2 and not os.path.exists(os.path.join(directory, "damaged"))
+  ckpt.close()
+
+
+def test_reserved_meta_key_is_refused(tmp_path, mesh):
+  ckpt = Checkpointer(str(tmp_path / "ckpt"), async_save=False)
+  with pytest.raises(ValueError, match=CHECKSUMS):
+    ckpt.save(1, _data_state(mesh, 1), {CHECKSUMS: 1})
+  ckpt.close()
+
+
+_INTERRUPTED_SAVE = """
+import glob, os, sys, time
+import jax, jax.numpy as jnp
+from rlscale.checkpointing import Checkpointer
+directory = sys.argv[1]
+ckpt = Checkpointer(directory, async_save=True)
+ckpt.save(1, {"w": jnp.ones((8, 8))}, {"step": 1})
+ckpt.wait()
+ckpt.save(2, {"w": jax.random.normal(jax.random.key(0), (2048, 2048))}, {"step": 2})
+while not glob.glob(os.path.join(directory, "2.orbax-checkpoint-tmp*")):
+  if os.path.exists(os.path.join(directory, "2")):
+    sys.exit(3)  # finished before it could be interrupted
+  time.sleep(0.0005)
+os._exit(0)  # killed mid-save: no clean-up, no commit
+"""
+
+
+def test_interrupted_save_is_not_used(tmp_path, caplog):
+  directory = str(tmp_path / "ckpt")
+  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+  done = subprocess.run([sys.executable, "-c", _INTERRUPTED_SAVE, directory], env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert [d for d in os.listdir(directory) if d.startswith("2.")]  # the half-written step 2
+  ckpt = Checkpointer(directory)
+  with caplog.at_level(logging.WARNING):
+    step, got, meta = ckpt.restore_latest({"w": jnp.zeros((8, 8))})
+  ckpt.close()
+  assert step == 1 and meta == {"step": 1}
+  np.testing.assert_array_equal(np.asarray(got["w"]), np.ones((8, 8)))
+  assert not _warnings(caplog)
+
+
+_TWO_PROCESS_WORKER = """
+import faulthandler, json, logging, os, sys
+faulthandler.dump_traceback_later(240, exit=True)  # a hang ends with the stacks, not silence
+from rlscale import distributed
+distributed.initialize()
+import jax, jax.numpy as jnp, numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec as P
+from rlscale import sharding
+from rlscale.checkpointing import Checkpointer
+
+directory, out = sys.argv[1], sys.argv[2]
+mesh = sharding.make_mesh((2, 2, 2))  # 4 devices of each process
+def state(step):
+  w = jax.random.normal(jax.random.key(step), (256, 64), jnp.float32)
+  return {"w": jax.device_put(w, NamedSharding(mesh, P(("data", "fsdp"), "tensor"))),
+          "b": jax.device_put(jnp.full((16,), float(step)), NamedSharding(mesh, P()))}
+lines = []
+class Keep(logging.Handler):
+  def emit(self, record):
+    if record.levelno >= logging.WARNING:
+      lines.append(record.getMessage())
+logging.getLogger("absl").addHandler(Keep())
+
+ckpt = Checkpointer(directory, keep=3, async_save=True)
+for step in (1, 2, 3):
+  ckpt.save(step, state(step), {"step": step})
+ckpt.close()
+multihost_utils.sync_global_devices("saved")
+if jax.process_index() == 0:  # damage files only process 1 reads: the shards it wrote
+  def data_file(step):
+    d = os.path.join(directory, str(step), "state", "ocdbt.process_1", "d")
+    return max((os.path.join(d, f) for f in os.listdir(d)), key=os.path.getsize)
+  with open(data_file(3), "r+b") as f:
+    f.truncate(os.path.getsize(data_file(3)) // 2)
+  with open(data_file(2), "r+b") as f:
+    f.seek(os.path.getsize(data_file(2)) // 2)
+    byte = f.read(1)[0]
+    f.seek(-1, os.SEEK_CUR)
+    f.write(bytes([byte ^ 0x10]))
+multihost_utils.sync_global_devices("damaged")
+ckpt = Checkpointer(directory, keep=3)
+step, got, meta = ckpt.restore_latest(state(0))
+ckpt.close()
+want = state(1)
+same = all(np.array_equal(np.asarray(a.data), np.asarray(b.data))
+           for k in want for a, b in zip(got[k].addressable_shards, want[k].addressable_shards))
+json.dump({"step": step, "meta": meta, "same": same, "warnings": lines}, open(out, "w"))
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_agree_on_damage_only_one_of_them_reads(tmp_path):
+  """Each process checks the shards it reads; a damaged shard of process 1 makes both fall back."""
+  import socket
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  directory = str(tmp_path / "ckpt")
+  procs = []
+  for pid in range(2):
+    env = dict(os.environ, JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
+               JAX_PROCESS_ID=str(pid), JAX_PLATFORMS="cpu", PYTHONPATH=REPO,
+               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    procs.append(subprocess.Popen(
+        [sys.executable, "-c", _TWO_PROCESS_WORKER, directory, str(tmp_path / f"out{pid}.json")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+  for p in procs:
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, out.decode()[-3000:]
+  results = [json.load(open(tmp_path / f"out{pid}.json")) for pid in range(2)]
+  for r in results:
+    assert r["step"] == 1 and r["meta"] == {"step": 1} and r["same"], r
+    assert len(r["warnings"]) == 2, r["warnings"]
+    assert "step 3 is damaged: w: unreadable" in r["warnings"][0], r["warnings"]
+    assert "step 2 is damaged: w: checksum mismatch" in r["warnings"][1], r["warnings"]
+    assert all("on process 1" in line for line in r["warnings"]), r["warnings"]
+  with open(os.path.join(directory, "1", "meta", "metadata")) as f:
+    assert len(json.load(f)[CHECKSUMS]["w"]["sha256"]) == 8  # both processes' shards
