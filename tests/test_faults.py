@@ -94,3 +94,30 @@ def test_sigterm_saves_the_step_in_flight_and_exits_to_be_requeued(straight, tmp
   code, err = _run("none", tmp_path / "run", root / "base")
   assert code == 0, err[-3000:]
   _same(want, _rows(tmp_path / "run"))
+
+
+def _largest_file(folder):
+  files = [os.path.join(d, n) for d, _, names in os.walk(folder) for n in names]
+  return max(files, key=os.path.getsize)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_a_damaged_checkpoint_is_skipped_for_the_previous_one(damage, straight, tmp_path):
+  """The finished run's last checkpoint is damaged; the same command resumes from step 2."""
+  import shutil
+  root, want = straight
+  shutil.copytree(root / "straight", tmp_path / "run")
+  path = _largest_file(tmp_path / "run" / "checkpoints" / "4" / "state")
+  data = bytearray(open(path, "rb").read())
+  if damage == "truncate":
+    data = data[:len(data) // 2]
+  else:
+    data[len(data) // 2] ^= 0x10
+  with open(path, "wb") as f:
+    f.write(bytes(data))
+  code, err = _run("none", tmp_path / "run", root / "base")
+  assert code == 0, err[-3000:]
+  assert "step 4" in err and "damaged" in err.lower(), err[-3000:]
+  _same(want, _rows(tmp_path / "run"))
+  _checkpoints_are_finite(tmp_path / "run")
