@@ -5,6 +5,7 @@ used."""
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -160,7 +161,11 @@ def _assert_state(got, want):
 
 
 def _warnings(caplog):
-  return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+  """Warnings of the code under test. asyncio's "exception was never retrieved" reports of
+  TensorStore reads that an earlier test's failed restore left behind can land in any later
+  test, whenever the garbage collector finds them: they are not this test's."""
+  return [r.getMessage() for r in caplog.records
+          if r.levelno >= logging.WARNING and r.name != "asyncio"]
 
 
 def test_intact_checkpoint_round_trips_exactly(tmp_path, mesh, caplog):
@@ -341,7 +346,7 @@ def state(step):
 lines = []
 class Keep(logging.Handler):
   def emit(self, record):
-    if record.levelno >= logging.WARNING:
+    if record.levelno >= logging.WARNING and record.name != "asyncio":
       lines.append(record.getMessage())
 logging.getLogger("absl").addHandler(Keep())
 
@@ -396,7 +401,11 @@ def test_two_processes_agree_on_damage_only_one_of_them_reads(tmp_path):
     assert r["step"] == 1 and r["meta"] == {"step": 1} and r["same"], r
     assert len(r["warnings"]) == 2, r["warnings"]
     assert "step 3 is damaged: w: unreadable" in r["warnings"][0], r["warnings"]
-    assert "step 2 is damaged: w: checksum mismatch" in r["warnings"][1], r["warnings"]
+    # A flipped bit inside a zstd chunk is caught by our checksum or, when it breaks the
+    # frame (it depends on the random data and so on the run), by the decoder: either way
+    # both processes must name step 2 and fall back together.
+    assert re.search(r"step 2 is damaged: w: (checksum mismatch|unreadable)",
+                     r["warnings"][1]), r["warnings"]
     assert all("on process 1" in line for line in r["warnings"]), r["warnings"]
   with open(os.path.join(directory, "1", "meta", "metadata")) as f:
     assert len(json.load(f)[CHECKSUMS]["w"]["sha256"]) == 8  # both processes' shards
