@@ -1,12 +1,12 @@
 """The cached SFT base policy: built once by runs started together, reused by the others."""
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from process_env import free_port, process_env
 from rlscale import base_policy, config_files
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -14,22 +14,10 @@ REPO = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "workers", "resolve_base_policy.py")
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
-
 def _start(run_name, cache, out, num_peers, process=None):
   """One process; `process` = (coordinator port, count, index) for one of several of a run."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO,
-             XLA_FLAGS="--xla_force_host_platform_device_count=1")
-  for var in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
-    env.pop(var, None)
-  if process:
-    port, count, index = process
-    env.update(JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES=str(count),
-               JAX_PROCESS_ID=str(index))
+  port, count, index = process or (None, 1, 0)
+  env = process_env(port, count, index, devices=1)
   return subprocess.Popen([sys.executable, WORKER, run_name, str(cache), str(out), str(num_peers)],
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -80,7 +68,7 @@ def test_a_two_process_run_and_another_run_build_once(tmp_path):
   """Only process 0 locks; the processes of a run agree whether to build (sft.run is a collective)."""
   cache, out = tmp_path / "cache", tmp_path / "out"
   out.mkdir()
-  port = _free_port()
+  port = free_port()
   procs = {f"multi.{i}": _start("multi", cache, out, 3, (port, 2, i)) for i in range(2)}
   procs["single"] = _start("single", cache, out, 3)
   _finish(procs)

@@ -380,16 +380,12 @@ json.dump({"step": step, "meta": meta, "same": same, "warnings": lines}, open(ou
 @pytest.mark.slow
 def test_two_processes_agree_on_damage_only_one_of_them_reads(tmp_path):
   """Each process checks the shards it reads; a damaged shard of process 1 makes both fall back."""
-  import socket
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    port = s.getsockname()[1]
+  from process_env import free_port, process_env
+  port = free_port()
   directory = str(tmp_path / "ckpt")
   procs = []
   for pid in range(2):
-    env = dict(os.environ, JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
-               JAX_PROCESS_ID=str(pid), JAX_PLATFORMS="cpu", PYTHONPATH=REPO,
-               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env = process_env(port, 2, pid)
     procs.append(subprocess.Popen(
         [sys.executable, "-c", _TWO_PROCESS_WORKER, directory, str(tmp_path / f"out{pid}.json")],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))

@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -10,16 +9,11 @@ import time
 import numpy as np
 import pytest
 
+from process_env import free_port, process_env
 from rlscale import distributed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-
-
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
 
 
 @pytest.mark.slow
@@ -28,12 +22,10 @@ def test_two_processes_decode_like_one(tmp_path):
   import two_process_decode
   _, want_tokens, want_logp = two_process_decode.run((2, 2, 2))  # this process: 8 devices
 
-  port = _free_port()
+  port = free_port()
   procs = []
   for pid in range(2):
-    env = dict(os.environ, JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
-               JAX_PROCESS_ID=str(pid), JAX_PLATFORMS="cpu", PYTHONPATH=REPO,
-               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env = process_env(port, 2, pid)
     procs.append(subprocess.Popen(
         [sys.executable, os.path.join(HERE, "workers", "two_process_decode.py"),
          str(tmp_path / f"out{pid}.npz")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
@@ -72,12 +64,10 @@ def _within_tolerance(key):
 
 def _run_two_processes(args, tmp_path, timeout=600):
   """Both processes of one run; the logs go to files (a full pipe would block a process)."""
-  port = _free_port()
+  port = free_port()
   procs, logs = [], []
   for pid in range(2):
-    env = dict(os.environ, JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
-               JAX_PROCESS_ID=str(pid), JAX_PLATFORMS="cpu", PYTHONPATH=REPO,
-               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env = process_env(port, 2, pid)
     logs.append(open(tmp_path / f"process{pid}.log", "w+"))
     worker = os.path.join(HERE, "workers", "two_process_rl.py")
     procs.append(subprocess.Popen([sys.executable, worker, *args], env=env, stdout=logs[-1],
