@@ -4,6 +4,7 @@
     python launch/main.py --config=configs/grpo.py:p=16,g=8          # P and G of a sweep point
     python launch/main.py --config=configs/grpo.py --config.rl.num_prompts=64
     python launch/main.py --config=configs/grpo.py:tiny        # seconds, for tests
+    python launch/sweep.py --config=configs/grpo.py --sweep=batch_invariance   # sweeps() below
 
 Batch units follow DESIGN.md: num_prompts P x group_size G responses per step, cut into
 num_minibatches optimizer steps per epoch, num_epochs passes, microbatch rows per pass;
@@ -13,6 +14,7 @@ rlscale/batch.py derives what is left 'auto' and logs its choice.
 import ml_collections
 
 from rlscale import config_common as common
+from rlscale.sweep import axes as sw
 
 
 def tiny(c: ml_collections.ConfigDict) -> None:
@@ -47,3 +49,29 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval = common.evaluation()
   common.apply_arg(c, arg, {"tiny": tiny}, common.ALIASES)
   return c
+
+
+def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
+  """Named sweeps for launch/sweep.py: lists of overrides (rlscale/sweep/axes.py).
+
+  Every batch comparison runs each point for the same number of responses, evaluated at the
+  same responses_seen. With `tiny` in the argument, the same sweeps at the tiny shape.
+  """
+  tiny = "tiny" in (arg or "").split(",")
+  equal = sw.fixed(responses=512 if tiny else 131072)
+  evals = {"train.eval_every_responses": [128 if tiny else 16384]}
+  seeds = {"seed": [0, 1] if tiny else [0, 1, 2]}
+  prompts = [4, 8, 16] if tiny else [8, 16, 32, 64, 128, 256, 512, 1024]
+  # P x G of (P, G) pairs with equal responses per step.
+  pairs = {"p": [16, 8, 4], "g": [4, 8, 16]} if tiny else {"p": [128, 64, 32], "g": [4, 8, 16]}
+  return {
+      # Curves against responses: where does invariance break, with and without the lr rule?
+      "batch_invariance": sw.product({"p": prompts}, sw.fixed(g=8),
+                                     {"optim.lr_scaling": ["sqrt", "none"]}, seeds, equal, evals),
+      # Equal P x G: does only the product matter (Hunyuan: (128, 8) ~ (64, 16))?
+      "group_vs_prompts": sw.product(pairs, {"optim.lr_scaling": ["sqrt"]}, seeds, equal, evals),
+      # Throughput against the generation batch; the learning is the same at every point.
+      "generation_batch": sw.product(
+          {"rollout.generation_batch": [8, 16, 32] if tiny else [32, 64, 128, 256, 512]},
+          sw.fixed(steps=4 if tiny else 50)),
+  }

@@ -3,6 +3,7 @@
     python launch/main.py --config=configs/ppo.py
     python launch/main.py --config=configs/ppo.py:ewma        # batch-size-invariant PPO
     python launch/main.py --config=configs/ppo.py:tiny        # seconds, for tests
+    python launch/sweep.py --config=configs/ppo.py --sweep=actor_critic   # sweeps() below
 
 The actor and the critic have their own optimizers, scaling rules, mini-batches and
 micro-batches; batch units follow DESIGN.md as in configs/grpo.py.
@@ -11,6 +12,7 @@ micro-batches; batch units follow DESIGN.md as in configs/grpo.py.
 import ml_collections
 
 from rlscale import config_common as common
+from rlscale.sweep import axes as sw
 
 
 def tiny(c: ml_collections.ConfigDict) -> None:
@@ -60,3 +62,25 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval = common.evaluation()
   common.apply_arg(c, arg, {"tiny": tiny, "ewma": ewma}, common.ALIASES)
   return c
+
+
+def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
+  """Named sweeps for launch/sweep.py: lists of overrides (rlscale/sweep/axes.py).
+
+  actor_critic varies the actor's and the critic's batch (responses per optimizer step, by
+  their mini-batch counts) separately, each with its sqrt lr rule, at equal responses: do they
+  break at different batch sizes?
+  """
+  tiny = "tiny" in (arg or "").split(",")
+  counts = [1, 2] if tiny else [1, 2, 4, 8]  # tiny: 8-row micro-batches of 16 responses
+  middle = 1 if tiny else 2  # the other model's count while one varies (the default)
+  rules = sw.fixed(**{"optim.lr_scaling": "sqrt", "critic.optim.lr_scaling": "sqrt"})
+  actor = sw.product({"rl.num_minibatches": counts}, {"critic.num_minibatches": [middle]})
+  critic = sw.product({"rl.num_minibatches": [middle]},
+                      {"critic.num_minibatches": [n for n in counts if n != middle]})
+  return {
+      "actor_critic": sw.product(sw.chain(actor, critic), rules,
+                                 {"seed": [0, 1] if tiny else [0, 1, 2]},
+                                 sw.fixed(responses=256 if tiny else 65536),
+                                 {"train.eval_every_responses": [64 if tiny else 8192]}),
+  }

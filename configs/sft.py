@@ -3,7 +3,7 @@
     python launch/main.py --config=configs/sft.py
     python launch/main.py --config=configs/sft.py:tiny      # seconds, for tests
 
-The GRPO config builds this base itself (with its own model, task, mesh and seed) when its
+The GRPO config builds this base itself (with its own model, task and mesh) when its
 cached copy is missing.
 """
 

@@ -24,18 +24,15 @@ def resolve(cfg: ml_collections.ConfigDict, config_file: str | None) -> str:
   """A Hugging Face folder with the base policy: init.hf_checkpoint, else model.hf_checkpoint,
   else the SFT base built from init.sft_config.
 
-  The SFT recipe runs with this config's model, task, mesh and seed; its result is cached under
+  The SFT recipe runs with this config's model, task and mesh; its result is cached under
   init.cache_dir by the recipe's hash and reused by every later run.
   """
   if cfg.init.hf_checkpoint:
     return cfg.init.hf_checkpoint
   if cfg.model.hf_checkpoint:  # a real checkpoint is its own base
     return cfg.model.hf_checkpoint
-  sft_cfg = config_files.load(cfg.init.sft_config, config_file)
-  with sft_cfg.unlocked():
-    sft_cfg.model, sft_cfg.task, sft_cfg.mesh = cfg.model, cfg.task, cfg.mesh
-    sft_cfg.seed = cfg.seed
-  folder = os.path.join(cfg.init.cache_dir, f"sft-{experiment.config_hash(sft_cfg, ('mesh',))}")
+  sft_cfg = sft_config(cfg, config_file)
+  folder = cache_folder(cfg, config_file)
   policy = os.path.join(folder, "policy")
   with _exclusive(folder + ".lock", what=folder):
     # sft.run is a collective over this run's processes: all of them build, or none.
@@ -44,6 +41,21 @@ def resolve(cfg: ml_collections.ConfigDict, config_file: str | None) -> str:
     else:
       logging.info("base policy: reusing %s", policy)
   return policy
+
+
+def sft_config(cfg: ml_collections.ConfigDict, config_file: str | None) -> ml_collections.ConfigDict:
+  """init.sft_config with the run's model, task and mesh. Its seed is its own (the
+  `seed=` of init.sft_config), not the run's: RL seeds of a sweep share one base policy."""
+  sft_cfg = config_files.load(cfg.init.sft_config, config_file)
+  with sft_cfg.unlocked():
+    sft_cfg.model, sft_cfg.task, sft_cfg.mesh = cfg.model, cfg.task, cfg.mesh
+  return sft_cfg
+
+
+def cache_folder(cfg: ml_collections.ConfigDict, config_file: str | None) -> str:
+  """Where the base policy of `cfg` is cached: init.cache_dir/sft-<hash of its recipe>."""
+  sft_cfg = sft_config(cfg, config_file)
+  return os.path.join(cfg.init.cache_dir, f"sft-{experiment.config_hash(sft_cfg, ('mesh',))}")
 
 
 def _complete(policy: str) -> bool:

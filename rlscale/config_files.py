@@ -64,12 +64,18 @@ def find(spec: str, relative_to: str | None = None) -> tuple[str, str]:
       f"(current directory {os.getcwd()!r})")
 
 
-def load(spec: str, relative_to: str | None = None) -> ml_collections.ConfigDict:
-  """`path/to/config.py[:arg]` -> get_config(arg); see `find` for where the file is looked up."""
+def load_module(spec: str, relative_to: str | None = None):
+  """`path/to/config.py[:arg]` -> (the config file as a module, arg or None)."""
   path, arg = find(spec, relative_to)
   module_spec = importlib.util.spec_from_file_location("rlscale_config", path)
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
   if not callable(getattr(module, "get_config", None)):
     raise ValueError(f"config file {path!r} defines no get_config(arg=None) function")
-  return module.get_config(arg or None)
+  return module, arg or None
+
+
+def load(spec: str, relative_to: str | None = None) -> ml_collections.ConfigDict:
+  """`path/to/config.py[:arg]` -> get_config(arg); see `find` for where the file is looked up."""
+  module, arg = load_module(spec, relative_to)
+  return module.get_config(arg)

@@ -6,8 +6,8 @@ Also `python -m rlscale` and, in a checkout, `python launch/main.py`, with the s
 
 A user's mistake (a config field, a flag, a path) is refused before any compute as one line,
 `error: <message>` on stderr with exit status 2; `--verbose` shows the Python traceback too.
-A SIGTERM (preemption) stops the run at the next step boundary with that step saved, one line
-on stderr and exit status 75 (preemption.EXIT_REQUEUE): run the same command again to resume.
+A SIGTERM or SIGUSR2 (preemption) stops the run at the next step boundary with that step saved,
+one line on stderr and exit status 75 (preemption.EXIT_REQUEUE): run the same command again to resume.
 """
 
 import difflib
@@ -18,20 +18,22 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rlscale import config_files, preemption
+from rlscale import command_line, config_files, preemption
 from rlscale.batch import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (default: runs/<config>-<hash>)")
 flags.DEFINE_bool("verbose", False, "on a config or command-line error, show the traceback too")
+_BASE_ONLY = flags.DEFINE_bool("base_policy_only", False, "build (or find) the base policy the "
+                                "run starts from, then stop: a sweep does it once for its points")
 _ALLOW = flags.DEFINE_list("allow_config_change", [], "fields a resumed run may change, e.g. "
                            "train.num_steps to extend it (the others must match config.json)")
 
 
 def main(argv):
   del argv
-  preemption.install()  # SIGTERM: finish the step, save it, exit with EXIT_REQUEUE
+  preemption.install()  # SIGTERM, SIGUSR2: finish the step, save it, exit with EXIT_REQUEUE
   # After absl parsed flags: JAX starts here.
   from rlscale import distributed, logs, train
   logs.quiet_libraries()
@@ -41,7 +43,7 @@ def main(argv):
                jax.process_count(), jax.local_device_count(), jax.device_count(),
                jax.default_backend())
   train.main(_CONFIG.value, _WORKDIR.value, config_file=flags.FLAGS["config"].config_filename,
-             allow_config_change=tuple(_ALLOW.value))
+             allow_config_change=tuple(_ALLOW.value), base_policy_only=_BASE_ONLY.value)
 
 
 def _located(value: str) -> str:
@@ -105,49 +107,21 @@ def check_overrides(argv: list[str]) -> None:
       node = node[name]
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-  """absl's parse, with every flag error as a one-line ConfigError."""
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    raise ConfigError(lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}") from e
-
-
-def _verbose(argv: list[str]) -> bool:
-  """--verbose as absl will read it, known before absl parses (a parse error needs it)."""
-  on = False
-  for a in argv[1:]:
-    if a in ("--verbose", "-verbose") or re.fullmatch(r"--?verbose=(?i:true|1|yes)", a):
-      on = True
-    elif a in ("--noverbose", "-noverbose") or re.fullmatch(r"--?verbose=.*", a):
-      on = False
-  return on
-
-
 def run() -> None:
   """The console script `rlscale`."""
-  verbose = _verbose(sys.argv)
+  verbose = command_line.verbose(sys.argv)
   try:
     try:
       argv = locate_config(sys.argv)
     except FileNotFoundError as e:
       raise ConfigError(f"--config: {e}") from e
     check_overrides(argv)
-    app.run(main, argv=argv, flags_parser=_parse_flags)
+    app.run(main, argv=argv, flags_parser=command_line.parse_flags)
   except ConfigError as e:
     if verbose:
       raise
-    print(one_line(e), file=sys.stderr)
+    print(command_line.one_line(e), file=sys.stderr)
     sys.exit(2)
   except preemption.Preempted as e:  # the step in flight is saved: start the same command again
     print(e, file=sys.stderr)
     sys.exit(preemption.EXIT_REQUEUE)
-
-
-def one_line(error: ConfigError) -> str:
-  """`error: <message>` on one line; validate's list of problems joined by '; '."""
-  problems = [line.strip() for line in str(error).splitlines() if line.strip()]
-  if len(problems) > 1 and problems[0] == "invalid config:":
-    problems = ["invalid config: " + "; ".join(problems[1:])]
-  return "error: " + " ".join(problems)

@@ -1,7 +1,9 @@
-"""Preemption: a SIGTERM asks the run to stop at the next step boundary, save and requeue.
+"""Preemption: a SIGTERM or SIGUSR2 asks the run to stop at the next step boundary, save and
+requeue.
 
-Schedulers send SIGTERM some seconds before they kill a job (Slurm's --signal or its grace
-period, TPU VM maintenance, Kubernetes). The handler only sets a flag; the loop checks it
+Schedulers send a signal some seconds before they kill a job: SIGTERM (Slurm's grace period on
+preemption, TPU VM maintenance, Kubernetes) or the one Slurm's `--signal` names (SIGUSR2 in the
+scripts of rlscale/sweep/slurm.py, sent before the time limit). The handler only sets a flag; the loop checks it
 between steps, finishes the step in flight, saves a checkpoint of it and exits with
 EXIT_REQUEUE, so at most the step in flight is lost. A second signal stops at once (the run
 still completes the saves it began).
@@ -33,7 +35,7 @@ def _handler(signum, frame):
   _requested.append(signum)
 
 
-def install(signals=(signal.SIGTERM,)) -> None:
+def install(signals=(signal.SIGTERM, signal.SIGUSR2)) -> None:
   for s in signals:
     signal.signal(s, _handler)
 

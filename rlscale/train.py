@@ -17,15 +17,23 @@ def default_workdir(cfg: ml_collections.ConfigDict, config_file: str | None) -> 
 
 
 def main(cfg: ml_collections.ConfigDict, workdir: str | None = None,
-         config_file: str | None = None, allow_config_change: tuple[str, ...] = ()) -> dict:
+         config_file: str | None = None, allow_config_change: tuple[str, ...] = (),
+         base_policy_only: bool = False) -> dict:
   """Run `cfg` in `workdir`, resuming its checkpoints; `allow_config_change` lists the fields
-  a resumed run may change (e.g. train.num_steps to extend it)."""
+  a resumed run may change (e.g. train.num_steps to extend it). With `base_policy_only`, only
+  build (or find) the policy the run starts from: {"base_policy": its folder}."""
   workdir = workdir or default_workdir(cfg, config_file)
   validate(cfg, config_file=config_file, workdir=workdir)  # every field, before any compute
+  if base_policy_only:
+    if cfg.kind == "sft":
+      return {}
+    from rlscale import base_policy
+    return {"base_policy": base_policy.resolve(cfg, config_file)}
   experiment.check_resume(workdir, cfg, allow_config_change)
   logging.info("workdir %s", os.path.abspath(workdir))
-  if cfg.kind == "sft":
-    from rlscale import sft
-    return sft.run(cfg, workdir)
-  from rlscale import rl_loop  # every algorithm of rlscale/rl/algorithm.py
-  return rl_loop.run(cfg, workdir, config_file)
+  with experiment.workdir_lock(workdir):  # one run at a time in a run directory
+    if cfg.kind == "sft":
+      from rlscale import sft
+      return sft.run(cfg, workdir)
+    from rlscale import rl_loop  # every algorithm of rlscale/rl/algorithm.py
+    return rl_loop.run(cfg, workdir, config_file)

@@ -15,7 +15,7 @@ import sys
 import jax
 import pytest
 
-from rlscale import config_files, main
+from rlscale import command_line, config_files
 from rlscale.config_validation import EVAL_METRICS, ConfigError, validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -224,7 +224,7 @@ def test_bad_config_fails_naming_the_field(config, field, value, expect, also, n
   lines = [line for line in str(e.value).splitlines() if expect in line]
   assert lines, f"{expect!r} not in:\n{e.value}"
   assert name in lines[0], lines[0]
-  printed = main.one_line(e.value)  # what the command line prints
+  printed = command_line.one_line(e.value)  # what the command line prints
   assert "\n" not in printed and printed.startswith("error: ") and expect in printed
 
 

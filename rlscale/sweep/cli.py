@@ -1,0 +1,118 @@
+"""`launch/sweep.py` (also `python -m rlscale.sweep`): run a sweep declared beside a config.
+
+    python launch/sweep.py --config=configs/grpo.py:tiny --sweep=batch_invariance \\
+        --workdir=runs/bi --launcher=local --parallel=2 [--dry_run] [--only=REGEX]
+
+Each point is a full run in `<workdir>/<point name>`; `<workdir>/sweep.json` records where each
+stands. Run the same command again to continue: done points are skipped, preempted and
+partial ones resume from their checkpoints, failed ones are retried. Exit status: 0 when every
+selected point is done, 75 when the launcher was stopped (runs saved), 1 when some failed,
+2 for bad input (refused before anything runs, in one line).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+
+from absl import app, flags, logging
+
+from rlscale import command_line
+from rlscale.batch import ConfigError
+from rlscale.preemption import EXIT_REQUEUE
+from rlscale.sweep import slurm, xm  # noqa: F401  (their flags; neither imports its cluster's package)
+
+LAUNCHERS = ("local", "slurm", "xm")
+
+_CONFIG = flags.DEFINE_string("config", None, "experiment config file[:arg] declaring sweeps()")
+_SWEEP = flags.DEFINE_string("sweep", None, "the name of one of the config's sweeps")
+_WORKDIR = flags.DEFINE_string("workdir", None, "the sweep's directory (default: "
+                               "runs/<config>-<sweep>); a run directory per point inside")
+_LAUNCHER = flags.DEFINE_enum("launcher", "local", LAUNCHERS, "where the points run")
+_PARALLEL = flags.DEFINE_integer("parallel", 1, "points running at once (local: each on its "
+                                 "own devices; slurm: the job array's limit, 0 for none)")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "print what would run (commands, scripts, "
+                             "work units) and run nothing")
+_ONLY = flags.DEFINE_string("only", None, "only the points whose name matches this regex")
+_COMMAND = flags.DEFINE_string("run_command", None, "what runs one point, before its flags "
+                               "(default: this Python's `-m rlscale`); e.g. a container wrapper")
+flags.DEFINE_bool("verbose", False, "on bad input, show the traceback too")
+
+
+def default_workdir(config: str, sweep: str) -> str:
+  name = re.sub(r"\.py$", "", config.partition(":")[0].rsplit("/", 1)[-1])
+  return f"runs/{name}-{sweep}"
+
+
+def selected_points(config: str, sweep: str, workdir: str, only: str | None):
+  from rlscale.sweep import points
+  pts = points.points(config, sweep, workdir)
+  if only:
+    try:
+      pattern = re.compile(only)
+    except re.error as e:
+      raise ConfigError(f"--only={only!r} is not a regular expression: {e}") from e
+    pts = [p for p in pts if pattern.search(p.name)]
+    if not pts:
+      raise ConfigError(f"--only={only!r} matches no point of sweep {sweep}")
+  return pts
+
+
+def command() -> list[str]:
+  return shlex.split(_COMMAND.value) if _COMMAND.value else [sys.executable, "-m", "rlscale"]
+
+
+def launcher(kind: str, config: str, m, pts, parallel: int):
+  """The launcher object of `kind`: .dry_run() -> text, .run() -> manifest counts."""
+  if kind == "local":
+    from rlscale.sweep.local import LocalLauncher
+    return LocalLauncher(config, m, pts, parallel=parallel, command=command())
+  if kind == "slurm":
+    return slurm.SlurmLauncher(config, m, pts, parallel=parallel, command=command())
+  return xm.XMLauncher(config, m, pts, parallel=parallel, command=command())
+
+
+def run(argv) -> int:
+  del argv
+  from rlscale.sweep import manifest as mf
+  if not _CONFIG.value or not _SWEEP.value:
+    raise ConfigError("--config and --sweep are required, e.g. --config=configs/grpo.py:tiny "
+                      "--sweep=batch_invariance")
+  if _PARALLEL.value < 0 or (_LAUNCHER.value != "slurm" and _PARALLEL.value < 1):
+    raise ConfigError(f"--parallel={_PARALLEL.value} must be a positive integer")
+  workdir = _WORKDIR.value or default_workdir(_CONFIG.value, _SWEEP.value)
+  pts = selected_points(_CONFIG.value, _SWEEP.value, workdir, _ONLY.value)
+  if _DRY_RUN.value:
+    m = mf.Manifest(_SWEEP.value, _CONFIG.value, _LAUNCHER.value, workdir)
+    m.points = [mf.Entry(p.name, p.overrides, p.run_dir) for p in pts]
+    print(launcher(_LAUNCHER.value, _CONFIG.value, m, pts, _PARALLEL.value).dry_run())
+    return 0
+  m = mf.open_sweep(workdir, _SWEEP.value, _CONFIG.value, _LAUNCHER.value, pts)
+  m.save()
+  logging.info("sweep %s of %s: %d points in %s (%d done), launcher %s", m.sweep, m.config,
+               len(m.points), workdir, m.counts()[mf.DONE], m.launcher)
+  counts = launcher(_LAUNCHER.value, _CONFIG.value, m, pts, _PARALLEL.value).run()
+  if counts[mf.FAILED]:
+    for e in m.points:
+      if e.status == mf.FAILED:
+        logging.error("failed: %s: %s", e.name, e.error[0] if e.error else "")
+    return 1
+  if counts[mf.PREEMPTED] or (m.launcher == "local" and counts[mf.PENDING]):
+    return EXIT_REQUEUE
+  return 0
+
+
+def main() -> None:
+  verbose = command_line.verbose(sys.argv)
+  try:
+    app.run(lambda argv: sys.exit(run(argv)), flags_parser=command_line.parse_flags)
+  except ConfigError as e:
+    if verbose:
+      raise
+    print(command_line.one_line(e), file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+  main()

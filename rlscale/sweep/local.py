@@ -1,0 +1,232 @@
+"""Run a sweep's points on this machine, N at a time, each on its own devices.
+
+Every point is a child process (`python -m rlscale --config=... --workdir=<point> --config.x=y`)
+whose output goes to `<point>/launch.log`. The base policies the points start from are built
+first, one per distinct recipe, with all devices. Then N points run at once: with GPUs, each
+gets its own `CUDA_VISIBLE_DEVICES`; on CPU, its own set of cores (sched_setaffinity).
+
+Nothing is lost when the launcher stops: on SIGINT or SIGTERM it passes SIGTERM to its runs,
+which save the step in flight and exit 75 (preempted); if the launcher is killed outright, the
+kernel sends them SIGTERM (PR_SET_PDEATHSIG) with the same effect. Run the same command again:
+done points are skipped, the others resume from their checkpoints. A run directory another
+process still uses (its lock is held) is waited for, never started twice.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from absl import logging
+
+from rlscale import experiment
+from rlscale.preemption import EXIT_REQUEUE
+from rlscale.sweep import manifest as mf
+from rlscale.sweep.points import Point
+
+_PR_SET_PDEATHSIG = 1
+
+
+def gpu_ids() -> list[str]:
+  """The GPUs this process may use: CUDA_VISIBLE_DEVICES, else those nvidia-smi lists."""
+  visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+  if visible is not None:
+    return [d for d in visible.split(",") if d.strip()]
+  if not shutil.which("nvidia-smi"):
+    return []
+  try:
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+  except (OSError, subprocess.SubprocessError):
+    return []
+  return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]
+
+
+def device_slots(parallel: int, gpus: list[str] | None = None,
+                 cores: list[int] | None = None) -> list[dict]:
+  """What each of `parallel` concurrent runs gets: {"gpus": [...]} or {"cores": [...]}."""
+  gpus = gpu_ids() if gpus is None else gpus
+  if gpus:
+    if parallel > len(gpus):
+      raise ValueError(f"--parallel={parallel} runs need at least as many GPUs; "
+                       f"{len(gpus)} are visible ({','.join(gpus)})")
+    share = len(gpus) // parallel
+    return [{"gpus": gpus[i * share:(i + 1) * share]} for i in range(parallel)]
+  cores = sorted(os.sched_getaffinity(0)) if cores is None else cores
+  if parallel >= len(cores):
+    return [{"cores": [cores[i % len(cores)]]} for i in range(parallel)]
+  share = len(cores) // parallel
+  return [{"cores": cores[i * share:(i + 1) * share]} for i in range(parallel)]
+
+
+def _child_setup(cores: list[int] | None):
+  def setup():
+    try:  # SIGTERM (save and exit) when the launcher dies, however it dies
+      ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+      pass
+    if cores:
+      os.sched_setaffinity(0, cores)
+  return setup
+
+
+class LocalLauncher:
+  """Runs the not-done points of a manifest; `command` replaces `python -m rlscale`."""
+
+  def __init__(self, config: str, m: mf.Manifest, points: list[Point], parallel: int = 1,
+               command: list[str] | None = None, slots: list[dict] | None = None,
+               progress_every: float = 60.0, poll: float = 0.5):
+    self.config, self.m, self.parallel = config, m, parallel
+    self.points = {p.name: p for p in points}
+    self.command = command or [sys.executable, "-m", "rlscale"]
+    self.slots = slots or device_slots(parallel)
+    self.progress_every, self.poll = progress_every, poll
+    self.running: dict[str, tuple[subprocess.Popen, int]] = {}  # name -> (process, slot)
+    self.durations: list[float] = []
+    self.stopping = False
+
+  def _argv(self, p: Point) -> list[str]:
+    return [*self.command, f"--config={self.config}", f"--workdir={p.run_dir}",
+            *p.config_args()]
+
+  def _env(self, slot: int) -> dict:
+    env = dict(os.environ)
+    if "gpus" in self.slots[slot]:
+      env["CUDA_VISIBLE_DEVICES"] = ",".join(self.slots[slot]["gpus"])
+    return env
+
+  def _spawn(self, argv: list[str], log: str, slot: int) -> subprocess.Popen:
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    with open(log, "a") as f:
+      f.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv)}\n")
+      f.flush()
+      # Its own session: a Ctrl-C in the terminal reaches the launcher, which passes SIGTERM.
+      return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=self._env(slot),
+                              start_new_session=True,
+                              preexec_fn=_child_setup(self.slots[slot].get("cores")))
+
+  def dry_run(self) -> str:
+    """The commands: a base policy's build (once per recipe), then each point's run."""
+    from rlscale.sweep.points import base_key
+    lines, bases = [], set()
+    for e in self.m.points:
+      p = self.points[e.name]
+      key = base_key(self.config, p)
+      if key and key not in bases:
+        bases.add(key)
+        lines.append("# base policy " + key + "\n" + shlex.join(self._argv(p) + ["--base_policy_only"]))
+    lines += [shlex.join(self._argv(self.points[e.name])) for e in self.m.points]
+    slots = ", ".join(" ".join(f"{k}={','.join(map(str, v))}" for k, v in s.items())
+                      for s in self.slots)
+    return "\n".join(lines + [f"# {len(self.m.points)} points, {self.parallel} at a time on: "
+                              f"{slots}"])
+
+  def build_bases(self, todo: list[Point]) -> set[str]:
+    """Build each distinct base policy of `todo` once, before any point; the names of points
+    whose base failed (they are marked failed with its log's last lines)."""
+    from rlscale.sweep.points import base_key
+    groups: dict[str, list[Point]] = {}
+    for p in todo:
+      key = base_key(self.config, p)
+      if key and not os.path.exists(os.path.join(key, "policy", _done_marker())):
+        groups.setdefault(key, []).append(p)
+    failed = set()
+    for key, group in groups.items():
+      log = os.path.join(self.m.sweep_dir, "base-" + os.path.basename(key) + ".log")
+      logging.info("sweep: building the base policy %s for %d points (log %s)", key,
+                   len(group), log)
+      proc = self._spawn(self._argv(group[0]) + ["--base_policy_only"], log, 0)
+      if proc.wait() != 0:
+        error = [f"building the base policy {key} failed (exit {proc.returncode}); {log}:"]
+        for p in group:
+          e = self.m.entry(p.name)
+          e.status, e.error = mf.FAILED, error + mf.tail(log)
+          failed.add(p.name)
+        self.m.save()
+    return failed
+
+  def _start(self, p: Point, slot: int) -> None:
+    e = self.m.entry(p.name)
+    proc = self._spawn(self._argv(p), mf.log_path(p.run_dir), slot)
+    self.running[p.name] = (proc, slot)
+    e.status, e.job_id, e.started, e.returncode, e.error = mf.RUNNING, str(proc.pid), \
+        time.time(), None, []
+    e.attempts += 1
+    self.m.save()
+
+  def _finish(self, name: str, rc: int) -> None:
+    e = self.m.entry(name)
+    e.returncode, e.duration_s = rc, round(time.time() - e.started, 1)
+    if rc == 0 and mf.run_done(e.run_dir):
+      e.status, e.error = mf.DONE, []
+      self.durations.append(e.duration_s)
+    elif rc == EXIT_REQUEUE or (self.stopping and rc < 0):
+      e.status, e.error = mf.PREEMPTED, []
+    else:
+      e.status = mf.FAILED
+      why = "exited 0 without writing summary.json" if rc == 0 else f"exited {rc}"
+      e.error = [f"{why}; {mf.log_path(e.run_dir)}:"] + mf.tail(mf.log_path(e.run_dir))
+    self.m.save()
+
+  def _stop(self, signum, frame) -> None:
+    del frame
+    if self.stopping:  # a second signal: do not wait for the saves
+      for proc, _ in self.running.values():
+        proc.kill()
+      return
+    self.stopping = True
+    logging.warning("sweep: signal %d: asking %d runs to save and stop (again to kill them)",
+                    signum, len(self.running))
+    for proc, _ in self.running.values():
+      proc.send_signal(signal.SIGTERM)
+
+  def run(self) -> dict[str, int]:
+    """Run every point that is not done; the manifest's counts at the end."""
+    old = [signal.signal(s, self._stop) for s in (signal.SIGINT, signal.SIGTERM)]
+    try:
+      self._run()
+    finally:
+      for s, h in zip((signal.SIGINT, signal.SIGTERM), old):
+        signal.signal(s, h)
+    return self.m.counts()
+
+  def _run(self) -> None:
+    todo = [self.points[e.name] for e in self.m.points
+            if e.status != mf.DONE and e.name in self.points]
+    for e in self.m.points:  # a launcher that died left these 'running'
+      if e.status == mf.RUNNING:
+        e.status = mf.PREEMPTED
+    self.m.save()
+    t0, last = time.time(), 0.0
+    queue = [p for p in todo if p.name not in self.build_bases(todo)]
+    free = list(range(len(self.slots)))
+    while (queue and not self.stopping) or self.running:
+      for p in list(queue):
+        if not free or self.stopping:
+          break
+        if experiment.workdir_in_use(p.run_dir):  # an earlier launcher's run still saving
+          continue
+        queue.remove(p)
+        self._start(p, free.pop(0))
+        last = 0.0
+      for name, (proc, slot) in list(self.running.items()):
+        if proc.poll() is not None:
+          del self.running[name]
+          free.append(slot)
+          self._finish(name, proc.returncode)
+          last = 0.0
+      if time.time() - last >= self.progress_every:
+        logging.info("%s", mf.progress_line(self.m, t0, self.durations, self.parallel))
+        last = time.time()
+      time.sleep(self.poll)
+    logging.info("%s", mf.progress_line(self.m, t0, self.durations, self.parallel))
+
+
+def _done_marker() -> str:
+  from rlscale import sft
+  return sft.DONE

@@ -1,0 +1,187 @@
+"""The points of a named sweep: overrides checked against the config, run directories named.
+
+A config file declares `sweeps(arg=None) -> {name: [overrides, ...]}` beside `get_config`
+(rlscale/sweep/axes.py builds the lists). Each point is one full run: the config with its
+overrides, in `<sweep dir>/<name>`, where the name is the point's overrides that vary across
+the sweep, as `key=value` joined by commas (`p=64,lr_scaling=sqrt,seed=1`): readable, stable
+(the same declaration gives the same names) and short (what every point shares is left out).
+
+Everything here is checked before any run starts: an unknown sweep name, a key that names no
+config field, a value the field cannot hold, two points with one run directory.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import sys
+from typing import Any
+
+import ml_collections
+
+from rlscale import config_common, config_files
+from rlscale.batch import ConfigError
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+=,-]")
+MAX_NAME = 120
+
+
+@dataclasses.dataclass
+class Point:
+  name: str  # the run directory's name inside the sweep directory
+  overrides: dict[str, Any]  # as declared: {key: value}
+  fields: dict[str, Any]  # the same with every key a dotted config field
+  run_dir: str
+
+  def config_args(self) -> list[str]:
+    """`--config.<field>=<value>` for each override (ml_collections' command-line form)."""
+    return [f"--config.{k}={format_value(v)}" for k, v in self.fields.items()]
+
+
+def format_value(value) -> str:
+  if isinstance(value, (tuple, list)):
+    return "(" + ",".join(format_value(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+  if isinstance(value, float):
+    return repr(value)
+  return str(value)
+
+
+def declared(config: str) -> dict[str, list[dict]]:
+  """The config file's sweeps for its argument (`configs/grpo.py:tiny` -> sweeps('tiny'))."""
+  module, arg = config_files.load_module(config)
+  fn = getattr(module, "sweeps", None)
+  if not callable(fn):
+    raise ConfigError(f"--config={config}: the file declares no sweeps(arg=None) function")
+  sweeps = fn(arg)
+  if not isinstance(sweeps, dict):
+    raise ConfigError(f"--config={config}: sweeps() must return {{name: [overrides]}}, "
+                      f"not {type(sweeps).__name__}")
+  return sweeps
+
+
+def _field(cfg: ml_collections.ConfigDict, key: str, aliases: dict[str, str]) -> str:
+  """The dotted field `key` names, or a ConfigError naming it."""
+  path = aliases.get(key, key)
+  node = cfg
+  parts = path.split(".")
+  for depth, name in enumerate(parts):
+    if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+      where = ".".join(parts[:depth]) or "the config"
+      raise ConfigError(f"override {key!r}: {where} has no field {name!r}"
+                        + (f" ({key!r} is an alias of {path})" if key != path else ""))
+    node = node[name]
+  if isinstance(node, ml_collections.ConfigDict):
+    raise ConfigError(f"override {key!r}: {path} is a section, not a field")
+  return path
+
+
+def _set(cfg: ml_collections.ConfigDict, path: str, value, key: str) -> None:
+  *parents, last = path.split(".")
+  node = cfg
+  for name in parents:
+    node = node[name]
+  try:
+    with cfg.unlocked():
+      node[last] = value
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f"override {key}={value!r}: {path} cannot hold it ({e})") from e
+
+
+def _short(value) -> str:
+  if isinstance(value, float):
+    return format(value, "g")
+  if isinstance(value, bool):
+    return str(value).lower()
+  return format_value(value)
+
+
+def short_keys(keys) -> dict[str, str]:
+  """Each dotted key's shortest tail that no other key shares: optim.lr_scaling -> lr_scaling,
+  but rl.num_minibatches and critic.num_minibatches keep their section."""
+  keys = list(dict.fromkeys(keys))
+  out = {}
+  for k in keys:
+    parts = k.split(".")
+    for n in range(1, len(parts) + 1):
+      tail = ".".join(parts[-n:])
+      if not any(o != k and (o == tail or o.endswith("." + tail)) for o in keys):
+        break
+    out[k] = tail
+  return out
+
+
+def point_name(overrides: dict[str, Any], varying: set[str],
+               short: dict[str, str] | None = None) -> str:
+  """`key=value` of the varying keys joined by commas; a hash keeps a long name unique."""
+  keys = [k for k in overrides if k in varying] or list(overrides)
+  short = short or short_keys(keys)
+  name = ",".join(f"{short[k]}={_short(overrides[k])}" for k in keys) or "base"
+  name = _UNSAFE.sub("_", name)
+  if len(name) > MAX_NAME:
+    digest = hashlib.sha256(json.dumps(overrides, sort_keys=True, default=str).encode())
+    name = name[:MAX_NAME - 13] + "-" + digest.hexdigest()[:12]
+  return name
+
+
+def points(config: str, sweep: str, sweep_dir: str) -> list[Point]:
+  """The points of `sweep` declared in `config`, checked; a ConfigError names what is wrong."""
+  sweeps = declared(config)
+  if sweep not in sweeps:
+    raise ConfigError(f"--sweep={sweep!r}: {config} declares no such sweep; it declares "
+                      f"{', '.join(sorted(sweeps)) or 'none'}")
+  declared_points = sweeps[sweep]
+  if not declared_points:
+    raise ConfigError(f"--sweep={sweep}: the sweep has no points")
+  base = config_files.load(config)
+  aliases = dict(config_common.ALIASES)
+  varying = {k for p in declared_points if isinstance(p, dict) for k in p
+             if any(not isinstance(q, dict) or q.get(k, object()) != p[k]
+                    for q in declared_points)}
+  short = short_keys(k for p in declared_points if isinstance(p, dict) for k in p)
+  out, by_dir = [], {}
+  for i, overrides in enumerate(declared_points):
+    if not isinstance(overrides, dict):
+      raise ConfigError(f"--sweep={sweep}: point {i} is {overrides!r}, not a dict of overrides")
+    cfg = copy.deepcopy(base)
+    fields = {}
+    for key, value in overrides.items():
+      path = _field(cfg, key, aliases)
+      if path in fields:
+        raise ConfigError(f"--sweep={sweep}: point {overrides} sets {path} twice")
+      _set(cfg, path, value, key)
+      fields[path] = value
+    name = point_name(overrides, varying, short)
+    if name in by_dir:
+      raise ConfigError(f"--sweep={sweep}: points {by_dir[name]} and {overrides} have the same "
+                        f"run directory {name!r}; give them different overrides")
+    by_dir[name] = overrides
+    out.append(Point(name, dict(overrides), fields, os.path.join(sweep_dir, name)))
+  return out
+
+
+def run_argv(config: str, point: Point, python: str | None = None) -> list[str]:
+  """The command that runs `point` (its run directory resumes from its checkpoints)."""
+  return [python or sys.executable, "-m", "rlscale", f"--config={config}",
+          f"--workdir={point.run_dir}", *point.config_args()]
+
+
+def base_argv(config: str, point: Point, python: str | None = None) -> list[str]:
+  """The command that builds (or finds) the base policy `point` starts from, and stops."""
+  return run_argv(config, point, python) + ["--base_policy_only"]
+
+
+def base_key(config: str, point: Point) -> str | None:
+  """Which base policy the point starts from (points with one key share it); None: a
+  Hugging Face checkpoint, nothing to build."""
+  from rlscale import base_policy
+  cfg = config_files.load(config)
+  with cfg.unlocked():
+    for path, value in point.fields.items():
+      _set(cfg, path, value, path)
+  if cfg.get("kind") == "sft":
+    return None
+  return base_policy.cache_folder(cfg, config)
