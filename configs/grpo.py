@@ -72,6 +72,6 @@ def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
       "group_vs_prompts": sw.product(pairs, {"optim.lr_scaling": ["sqrt"]}, seeds, equal, evals),
       # Throughput against the generation batch; the learning is the same at every point.
       "generation_batch": sw.product(
-          {"rollout.generation_batch": [8, 16, 32] if tiny else [32, 64, 128, 256, 512]},
+          {"rollout.generation_batch": [4, 8, 16] if tiny else [32, 64, 128, 256, 512]},
           sw.fixed(steps=4 if tiny else 50)),
   }

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
@@ -112,40 +110,3 @@ def prepare_workdir(workdir: str, cfg: ml_collections.ConfigDict) -> None:
     with open(os.path.join(workdir, "config_history.jsonl"), "a") as f:
       f.write(json.dumps({"time": time.time(), "config": config}, sort_keys=True) + "\n")
 
-
-LOCK = ".lock"  # in the run directory: held by process 0 of the run that uses it
-
-
-@contextlib.contextmanager
-def workdir_lock(workdir: str):
-  """Refuse a second run in `workdir` while one runs there (two runs would interleave their
-  checkpoints and metrics). An fcntl.flock, released by the kernel when the run dies."""
-  if jax.process_index() != 0:
-    yield
-    return
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, LOCK), "a") as f:
-    try:
-      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      from rlscale.batch import ConfigError
-      raise ConfigError(f"--workdir={workdir}: another run is using it (it holds "
-                        f"{os.path.join(workdir, LOCK)}); wait for it to end or stop it") from None
-    try:
-      yield
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def workdir_in_use(workdir: str) -> bool:
-  """Whether a run holds `workdir`'s lock now (for launchers deciding whether to start one)."""
-  path = os.path.join(workdir, LOCK)
-  if not os.path.exists(path):
-    return False
-  with open(path, "a") as f:
-    try:
-      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      return True
-    fcntl.flock(f, fcntl.LOCK_UN)
-    return False

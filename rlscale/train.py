@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 
+import jax
 import ml_collections
 from absl import logging
 
-from rlscale import experiment
+from rlscale import experiment, workdir_lock
 from rlscale.config_validation import validate
 
 
@@ -31,7 +32,7 @@ def main(cfg: ml_collections.ConfigDict, workdir: str | None = None,
     return {"base_policy": base_policy.resolve(cfg, config_file)}
   experiment.check_resume(workdir, cfg, allow_config_change)
   logging.info("workdir %s", os.path.abspath(workdir))
-  with experiment.workdir_lock(workdir):  # one run at a time in a run directory
+  with workdir_lock.held(workdir, jax.process_index() == 0):  # one run at a time in it
     if cfg.kind == "sft":
       from rlscale import sft
       return sft.run(cfg, workdir)

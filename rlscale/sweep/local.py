@@ -25,7 +25,7 @@ import time
 
 from absl import logging
 
-from rlscale import experiment
+from rlscale import workdir_lock
 from rlscale.preemption import EXIT_REQUEUE
 from rlscale.sweep import manifest as mf
 from rlscale.sweep.points import Point
@@ -202,29 +202,29 @@ class LocalLauncher:
       if e.status == mf.RUNNING:
         e.status = mf.PREEMPTED
     self.m.save()
-    t0, last = time.time(), 0.0
+    t0, shown = time.time(), (None, 0.0)  # (counts, time) of the last progress line
     queue = [p for p in todo if p.name not in self.build_bases(todo)]
     free = list(range(len(self.slots)))
-    while (queue and not self.stopping) or self.running:
+    while True:
       for p in list(queue):
         if not free or self.stopping:
           break
-        if experiment.workdir_in_use(p.run_dir):  # an earlier launcher's run still saving
+        if workdir_lock.in_use(p.run_dir):  # an earlier launcher's run still saving
           continue
         queue.remove(p)
         self._start(p, free.pop(0))
-        last = 0.0
       for name, (proc, slot) in list(self.running.items()):
         if proc.poll() is not None:
           del self.running[name]
           free.append(slot)
           self._finish(name, proc.returncode)
-          last = 0.0
-      if time.time() - last >= self.progress_every:
+      counts = self.m.counts()
+      if counts != shown[0] or time.time() - shown[1] >= self.progress_every:
         logging.info("%s", mf.progress_line(self.m, t0, self.durations, self.parallel))
-        last = time.time()
+        shown = (counts, time.time())
+      if not ((queue and not self.stopping) or self.running):
+        break
       time.sleep(self.poll)
-    logging.info("%s", mf.progress_line(self.m, t0, self.durations, self.parallel))
 
 
 def _done_marker() -> str:

@@ -65,7 +65,7 @@ def declared(config: str) -> dict[str, list[dict]]:
 
 def _field(cfg: ml_collections.ConfigDict, key: str, aliases: dict[str, str]) -> str:
   """The dotted field `key` names, or a ConfigError naming it."""
-  path = aliases.get(key, key)
+  path = key if _has(cfg, key) else aliases.get(key, key)  # a field wins over an alias
   node = cfg
   parts = path.split(".")
   for depth, name in enumerate(parts):
@@ -77,6 +77,15 @@ def _field(cfg: ml_collections.ConfigDict, key: str, aliases: dict[str, str]) ->
   if isinstance(node, ml_collections.ConfigDict):
     raise ConfigError(f"override {key!r}: {path} is a section, not a field")
   return path
+
+
+def _has(cfg: ml_collections.ConfigDict, path: str) -> bool:
+  node = cfg
+  for name in path.split("."):
+    if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+      return False
+    node = node[name]
+  return True
 
 
 def _set(cfg: ml_collections.ConfigDict, path: str, value, key: str) -> None:

@@ -1,0 +1,210 @@
+"""Sweeps: declaration, names, checks before anything runs, and the local launcher.
+
+The launcher tests run tests/workers/fake_run.py (a run of sleeps with rlscale's flags, lock,
+checkpoint and exit codes) through `launch/sweep.py --run_command=...`; test_sweep_e2e.py runs
+real tiny points.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rlscale.batch import ConfigError
+from rlscale.sweep import axes as sw
+from rlscale.sweep import local, manifest, points
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+FAKE_CONFIG = os.path.join(HERE, "fixtures", "fake_sweep_config.py")
+FAKE_RUN = f"{sys.executable} {os.path.join(HERE, 'workers', 'fake_run.py')}"
+
+
+# --- declaration ---
+
+def test_product_zip_chain():
+  assert sw.product({"p": [1, 2]}, {"seed": [0, 1]}) == [
+      {"p": 1, "seed": 0}, {"p": 1, "seed": 1}, {"p": 2, "seed": 0}, {"p": 2, "seed": 1}]
+  assert sw.product({"p": [4, 2], "g": [2, 4]}, sw.fixed(lr=0.1)) == [
+      {"p": 4, "g": 2, "lr": 0.1}, {"p": 2, "g": 4, "lr": 0.1}]
+  assert sw.zip_axes({"p": [1, 2]}, {"g": [3, 4]}) == [{"p": 1, "g": 3}, {"p": 2, "g": 4}]
+  assert sw.chain([{"p": 1}], [{"p": 2}]) == [{"p": 1}, {"p": 2}]
+  with pytest.raises(ValueError, match="different lengths"):
+    sw.zip_axes({"p": [1, 2], "g": [1]})
+  with pytest.raises(ValueError, match="set by two axes"):
+    sw.product({"p": [1]}, sw.fixed(p=2))
+  with pytest.raises(ValueError, match="list of values"):
+    sw.product({"p": 8})
+
+
+def test_names_are_the_varying_overrides():
+  pts = points.points(FAKE_CONFIG, "zipped", "/sw")
+  assert [p.name for p in pts] == ["p=8,g=2", "p=4,g=4"]
+  assert pts[0].run_dir == "/sw/p=8,g=2"
+  assert pts[0].fields == {"rl.num_prompts": 8, "rl.group_size": 2}
+  assert pts[0].config_args() == ["--config.rl.num_prompts=8", "--config.rl.group_size=2"]
+  # What every point shares is left out of the name.
+  assert [p.name for p in points.points(FAKE_CONFIG, "slow", "/sw")] == [
+      "seed=0", "seed=1", "seed=2", "seed=3"]
+  # Sections keep a key apart from another with the same last part.
+  assert points.short_keys(["rl.num_minibatches", "critic.num_minibatches", "seed"]) == {
+      "rl.num_minibatches": "rl.num_minibatches",
+      "critic.num_minibatches": "critic.num_minibatches", "seed": "seed"}
+  assert points.point_name({"optim.lr": 1e-4, "optim.lr_scaling": "sqrt"},
+                           {"optim.lr", "optim.lr_scaling"}) == "lr=0.0001,lr_scaling=sqrt"
+  long = points.point_name({f"k{i}": "x" * 20 for i in range(10)}, {f"k{i}" for i in range(10)})
+  assert len(long) <= points.MAX_NAME
+
+
+@pytest.mark.parametrize("sweep, message", [
+    ("nope", "declares no such sweep; it declares bad_value, one_fails"),
+    ("unknown_field", "override 'rl.num_promts': rl has no field 'num_promts'"),
+    ("bad_value", "override steps='many': steps cannot hold it"),
+    ("same_dir", "have the same run directory 'p=4,seed=0'"),
+])
+def test_bad_sweeps_are_refused_naming_the_field(sweep, message):
+  with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+    points.points(FAKE_CONFIG, sweep, "/sw")
+
+
+def test_shipped_sweeps_are_valid():
+  """Every sweep of every shipped config names real fields and distinct run directories."""
+  for config, names in [("configs/grpo.py", ("batch_invariance", "group_vs_prompts",
+                                             "generation_batch")),
+                        ("configs/ppo.py", ("actor_critic",))]:
+    for arg in ("", ":tiny"):
+      declared = points.declared(os.path.join(REPO, config) + arg)
+      assert set(names) <= set(declared)
+      for name in declared:
+        assert len(points.points(os.path.join(REPO, config) + arg, name, "/sw")) > 1
+  full = points.points(os.path.join(REPO, "configs/grpo.py"), "batch_invariance", "/sw")
+  assert len(full) == 8 * 2 * 3  # P 8..1024, two lr rules, three seeds
+  assert {p.overrides["p"] for p in full} == {8, 16, 32, 64, 128, 256, 512, 1024}
+  assert {p.overrides["responses"] for p in full} == {131072}
+  pairs = points.points(os.path.join(REPO, "configs/grpo.py"), "group_vs_prompts", "/sw")
+  assert {p.overrides["p"] * p.overrides["g"] for p in pairs} == {512}
+
+
+def test_cli_refuses_bad_input_in_one_line(tmp_path):
+  out = subprocess.run([sys.executable, os.path.join(REPO, "launch", "sweep.py"),
+                        f"--config={FAKE_CONFIG}", "--sweep=unknown_field",
+                        f"--workdir={tmp_path}"], capture_output=True, text=True)
+  assert out.returncode == 2, out.stderr
+  assert out.stderr.strip().splitlines()[-1].startswith("error: override 'rl.num_promts'")
+  assert not os.listdir(tmp_path)  # nothing ran, no manifest
+
+
+# --- the local launcher ---
+
+def test_device_slots():
+  assert local.device_slots(2, gpus=["0", "1", "2", "3"]) == [{"gpus": ["0", "1"]},
+                                                              {"gpus": ["2", "3"]}]
+  assert local.device_slots(2, gpus=[], cores=[0, 1, 2, 3]) == [{"cores": [0, 1]},
+                                                               {"cores": [2, 3]}]
+  assert local.device_slots(3, gpus=[], cores=[0, 1]) == [{"cores": [0]}, {"cores": [1]},
+                                                         {"cores": [0]}]
+  with pytest.raises(ValueError, match="--parallel=3 runs need at least as many GPUs"):
+    local.device_slots(3, gpus=["0", "1"])
+
+
+def _sweep(tmp_path, name, *flags, wait=True):
+  argv = [sys.executable, os.path.join(REPO, "launch", "sweep.py"), f"--config={FAKE_CONFIG}",
+          f"--sweep={name}", f"--workdir={tmp_path / 'sw'}", f"--run_command={FAKE_RUN}", *flags]
+  if not wait:
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+
+def _manifest(tmp_path):
+  with open(tmp_path / "sw" / "sweep.json") as f:
+    return json.load(f)
+
+
+def _starts(tmp_path, name):
+  with open(tmp_path / "sw" / name / "starts.txt") as f:
+    return f.read().split("\n")[:-1]
+
+
+def test_a_failed_point_never_stops_the_sweep_and_is_retried(tmp_path):
+  out = _sweep(tmp_path, "one_fails", "--parallel=2")
+  assert out.returncode == 1, out.stderr
+  m = _manifest(tmp_path)
+  assert [(p["name"], p["status"]) for p in m["points"]] == [
+      ("seed=0", "done"), ("seed=1", "done"), ("seed=2,fail=true", "failed")]
+  assert m["sweep"] == "one_fails" and m["launcher"] == "local" and m["git_commit"]
+  failed = m["points"][2]
+  assert failed["returncode"] == 3 and failed["error"][0].startswith("exited 3;")
+  assert failed["error"][-1] == "ValueError: this point is broken"
+  assert "failed: seed=2,fail=true: exited 3" in out.stderr
+
+  again = _sweep(tmp_path, "one_fails", "--parallel=2")
+  assert again.returncode == 1
+  assert _starts(tmp_path, "seed=0") == ["start 0"]  # done: not started again
+  assert _starts(tmp_path, "seed=2,fail=true") == ["start 0", "start 0"]  # retried
+  assert _manifest(tmp_path)["points"][2]["attempts"] == 2
+
+
+def test_preempted_point_resumes_from_its_checkpoint(tmp_path):
+  out = _sweep(tmp_path, "preempted_once")
+  assert out.returncode == 75, out.stderr
+  assert _manifest(tmp_path)["points"][0]["status"] == "preempted"
+  out = _sweep(tmp_path, "preempted_once")
+  assert out.returncode == 0, out.stderr
+  assert _starts(tmp_path, "seed=0,preempt_at=2") == ["start 0", "start 2"]
+  assert _manifest(tmp_path)["points"][0]["status"] == "done"
+
+
+def test_another_sweep_in_the_same_directory_is_refused(tmp_path):
+  assert _sweep(tmp_path, "preempted_once").returncode == 75
+  out = _sweep(tmp_path, "three")
+  assert out.returncode == 2
+  assert "holds sweep 'preempted_once'" in out.stderr
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_killed_launcher_loses_nothing(tmp_path, how):
+  """Stop the launcher while two points run: they save; the re-run starts none from scratch
+  and finishes all (SIGKILL: the kernel's PDEATHSIG tells the runs)."""
+  proc = _sweep(tmp_path, "slow", "--parallel=2", wait=False)
+  deadline = time.time() + 60
+  while time.time() < deadline:
+    if os.path.exists(tmp_path / "sw" / "sweep.json"):
+      steps = [tmp_path / "sw" / f"seed={i}" / "step" for i in (0, 1)]
+      if all(os.path.exists(s) for s in steps):
+        break
+    time.sleep(0.1)
+  os.kill(proc.pid, getattr(signal, how))
+  out, _ = proc.communicate(timeout=60)
+  if how == "SIGTERM":
+    assert proc.returncode == 75, out
+    statuses = [p["status"] for p in _manifest(tmp_path)["points"]]
+    assert statuses[:2] == ["preempted", "preempted"] and statuses[2:] == ["pending", "pending"]
+  again = _sweep(tmp_path, "slow", "--parallel=2")
+  assert again.returncode == 0, again.stderr
+  for i in range(4):
+    starts = _starts(tmp_path, f"seed={i}")
+    assert starts.count("start 0") == 1, (i, starts)
+  for i in (0, 1):  # resumed from their checkpoints
+    assert len(_starts(tmp_path, f"seed={i}")) == 2
+  assert all(p["status"] == "done" for p in _manifest(tmp_path)["points"])
+  again = _sweep(tmp_path, "slow", "--parallel=2")
+  assert again.returncode == 0
+  assert all(len(_starts(tmp_path, f"seed={i}")) <= 2 for i in range(4))  # nothing ran
+
+
+def test_manifest_rebuilt_from_run_directories(tmp_path):
+  """A point whose run directory holds summary.json is done, whatever the manifest said."""
+  pts = points.points(FAKE_CONFIG, "three", str(tmp_path))
+  m = manifest.open_sweep(str(tmp_path), "three", FAKE_CONFIG, "local", pts)
+  m.save()
+  os.makedirs(pts[1].run_dir)
+  with open(os.path.join(pts[1].run_dir, "summary.json"), "w") as f:
+    f.write("{}")
+  m = manifest.open_sweep(str(tmp_path), "three", FAKE_CONFIG, "local", pts)
+  assert [e.status for e in m.points] == ["pending", "done", "pending"]
+  line = manifest.progress_line(m, time.time() - 65, [30.0], 2)
+  assert line == "sweep three: 1/3 done, 0 running, 2 pending | 1m05s elapsed, ETA 0m30s"
