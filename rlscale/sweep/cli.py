@@ -30,8 +30,9 @@ _SWEEP = flags.DEFINE_string("sweep", None, "the name of one of the config's swe
 _WORKDIR = flags.DEFINE_string("workdir", None, "the sweep's directory (default: "
                                "runs/<config>-<sweep>); a run directory per point inside")
 _LAUNCHER = flags.DEFINE_enum("launcher", "local", LAUNCHERS, "where the points run")
-_PARALLEL = flags.DEFINE_integer("parallel", 1, "points running at once (local: each on its "
-                                 "own devices; slurm: the job array's limit, 0 for none)")
+_PARALLEL = flags.DEFINE_integer("parallel", None, "points running at once (local, xm: each "
+                                 "on its own devices, default 1; slurm: the job array's limit, "
+                                 "default 0: none)")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "print what would run (commands, scripts, "
                              "work units) and run nothing")
 _ONLY = flags.DEFINE_string("only", None, "only the points whose name matches this regex")
@@ -79,20 +80,24 @@ def run(argv) -> int:
   if not _CONFIG.value or not _SWEEP.value:
     raise ConfigError("--config and --sweep are required, e.g. --config=configs/grpo.py:tiny "
                       "--sweep=batch_invariance")
-  if _PARALLEL.value < 0 or (_LAUNCHER.value != "slurm" and _PARALLEL.value < 1):
-    raise ConfigError(f"--parallel={_PARALLEL.value} must be a positive integer")
+  parallel = _PARALLEL.value
+  if parallel is None:
+    parallel = 0 if _LAUNCHER.value == "slurm" else 1
+  if parallel < 0 or (_LAUNCHER.value != "slurm" and parallel < 1):
+    raise ConfigError(f"--parallel={parallel} must be a positive integer"
+                      + (" (or 0: no limit)" if _LAUNCHER.value == "slurm" else ""))
   workdir = _WORKDIR.value or default_workdir(_CONFIG.value, _SWEEP.value)
   pts = selected_points(_CONFIG.value, _SWEEP.value, workdir, _ONLY.value)
   if _DRY_RUN.value:
     m = mf.Manifest(_SWEEP.value, _CONFIG.value, _LAUNCHER.value, workdir)
     m.points = [mf.Entry(p.name, p.overrides, p.run_dir) for p in pts]
-    print(launcher(_LAUNCHER.value, _CONFIG.value, m, pts, _PARALLEL.value).dry_run())
+    print(launcher(_LAUNCHER.value, _CONFIG.value, m, pts, parallel).dry_run())
     return 0
   m = mf.open_sweep(workdir, _SWEEP.value, _CONFIG.value, _LAUNCHER.value, pts)
   m.save()
   logging.info("sweep %s of %s: %d points in %s (%d done), launcher %s", m.sweep, m.config,
                len(m.points), workdir, m.counts()[mf.DONE], m.launcher)
-  counts = launcher(_LAUNCHER.value, _CONFIG.value, m, pts, _PARALLEL.value).run()
+  counts = launcher(_LAUNCHER.value, _CONFIG.value, m, pts, parallel).run()
   if counts[mf.FAILED]:
     for e in m.points:
       if e.status == mf.FAILED:

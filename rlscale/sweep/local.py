@@ -206,6 +206,11 @@ class LocalLauncher:
     queue = [p for p in todo if p.name not in self.build_bases(todo)]
     free = list(range(len(self.slots)))
     while True:
+      for name, (proc, slot) in list(self.running.items()):
+        if proc.poll() is not None:
+          del self.running[name]
+          free.append(slot)
+          self._finish(name, proc.returncode)
       for p in list(queue):
         if not free or self.stopping:
           break
@@ -213,11 +218,6 @@ class LocalLauncher:
           continue
         queue.remove(p)
         self._start(p, free.pop(0))
-      for name, (proc, slot) in list(self.running.items()):
-        if proc.poll() is not None:
-          del self.running[name]
-          free.append(slot)
-          self._finish(name, proc.returncode)
       counts = self.m.counts()
       if counts != shown[0] or time.time() - shown[1] >= self.progress_every:
         logging.info("%s", mf.progress_line(self.m, t0, self.durations, self.parallel))
