@@ -33,6 +33,8 @@ setup(
         "tfds": ["tensorflow-datasets>=4.9"],
         # Procedural problems from reasoning-gym's generators.
         "reasoning": ["reasoning-gym>=0.1.25"],
+        # launch/sweep.py --launcher=xm: XManager (about 600 MB with its Google Cloud clients).
+        "xm": ["xmanager>=0.8.5"],
         # The reference implementation for the parity tests; the CPU wheel of torch.
         "hf": ["torch==2.13.0", "transformers>=4.56"],
     },

@@ -43,7 +43,8 @@ def resolve(cfg: ml_collections.ConfigDict, config_file: str | None) -> str:
   return policy
 
 
-def sft_config(cfg: ml_collections.ConfigDict, config_file: str | None) -> ml_collections.ConfigDict:
+def sft_config(cfg: ml_collections.ConfigDict,
+               config_file: str | None) -> ml_collections.ConfigDict:
   """init.sft_config with the run's model, task and mesh. Its seed is its own (the
   `seed=` of init.sft_config), not the run's: RL seeds of a sweep share one base policy."""
   sft_cfg = config_files.load(cfg.init.sft_config, config_file)

@@ -7,7 +7,8 @@ Also `python -m rlscale` and, in a checkout, `python launch/main.py`, with the s
 A user's mistake (a config field, a flag, a path) is refused before any compute as one line,
 `error: <message>` on stderr with exit status 2; `--verbose` shows the Python traceback too.
 A SIGTERM or SIGUSR2 (preemption) stops the run at the next step boundary with that step saved,
-one line on stderr and exit status 75 (preemption.EXIT_REQUEUE): run the same command again to resume.
+one line on stderr and exit status 75 (preemption.EXIT_REQUEUE): run the same command again
+to resume.
 """
 
 import difflib

@@ -371,3 +371,21 @@ def test_preemption_saves_the_step_in_flight_and_asks_to_be_requeued(tmp_path):
   t = FakeTrainer()
   _run(tmp_path, t, 8, checkpoint_every=5)
   assert _called(t, "begin")[0] == 4 and t.w == sum(range(1, 9))
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGUSR2"])
+def test_preemption_signals(name):
+  """Slurm sends SIGUSR2 before the time limit (rlscale/sweep/slurm.py), SIGTERM on preemption."""
+  import os
+  import signal
+
+  from rlscale import preemption
+  old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR2)}
+  try:
+    preemption.install()
+    os.kill(os.getpid(), getattr(signal, name))
+    assert preemption.requested()
+  finally:
+    preemption.reset()
+    for s, h in old.items():
+      signal.signal(s, h)

@@ -21,7 +21,8 @@ from absl import app, flags, logging
 from rlscale import command_line
 from rlscale.batch import ConfigError
 from rlscale.preemption import EXIT_REQUEUE
-from rlscale.sweep import slurm, xm  # noqa: F401  (their flags; neither imports its cluster's package)
+# Their flags; neither imports its cluster's package.
+from rlscale.sweep import slurm, xm  # noqa: F401
 
 LAUNCHERS = ("local", "slurm", "xm")
 

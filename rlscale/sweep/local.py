@@ -119,7 +119,7 @@ class LocalLauncher:
       key = base_key(self.config, p)
       if key and key not in bases:
         bases.add(key)
-        lines.append("# base policy " + key + "\n" + shlex.join(self._argv(p) + ["--base_policy_only"]))
+        lines += ["# base policy " + key, shlex.join(self._argv(p) + ["--base_policy_only"])]
     lines += [shlex.join(self._argv(self.points[e.name])) for e in self.m.points]
     slots = ", ".join(" ".join(f"{k}={','.join(map(str, v))}" for k, v in s.items())
                       for s in self.slots)
