@@ -1,6 +1,8 @@
 """Compare runs of different batch sizes: sample efficiency, system efficiency, time-to-target.
 
     python analysis/compare_runs.py runs/p16 runs/p64 --reference runs/p16 [--plot curves.png]
+    python analysis/compare_runs.py runs/bi --only='lr_scaling=sqrt,seed=0$' \
+        --reference='runs/bi/p=64,lr_scaling=sqrt,seed=0'       # a sweep's done points
 
 For each run: B (responses per optimizer step, also in prompts; rlscale/batch.py), effective lr, responses_to_target, time_to_target (and both
 relative to the reference), mean throughput, final B_simple. A run is *invariant* when its
@@ -23,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # rlscale
-from runs import Run, load  # noqa: E402
+from runs import Run, expand, load  # noqa: E402
 
 
 def band_gap(run: Run, ref: Run, metric: str) -> float | None:
@@ -43,14 +45,18 @@ def fit_tradeoff(batches, steps):
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  ap.add_argument("runs", nargs="+")
+  ap.add_argument("runs", nargs="+", help="run directories, or sweep directories (sweep.json)")
+  ap.add_argument("--only", help="only the runs whose directory name matches this regex")
   ap.add_argument("--reference", help="the run the others are compared with (default: first)")
   ap.add_argument("--metric", default=None, help="curve metric (default: the runs' target)")
   ap.add_argument("--band", type=float, default=0.05)
   ap.add_argument("--rtt_tolerance", type=float, default=0.2)
   ap.add_argument("--plot", help="write the curves to this PNG (needs matplotlib)")
   args = ap.parse_args(argv)
-  runs = [load(p) for p in args.runs]
+  paths = expand(args.runs, args.only)
+  if not paths:
+    ap.error(f"no runs in {args.runs}" + (f" match --only={args.only!r}" if args.only else ""))
+  runs = [load(p) for p in paths]
   ref = load(args.reference) if args.reference else runs[0]
   metric = args.metric or ref.summary.get("target", {}).get("metric", "eval/accuracy_greedy")
   rows = []

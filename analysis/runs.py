@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from typing import Any
 
 
@@ -69,3 +70,21 @@ def load(path: str) -> Run:
         except json.JSONDecodeError:
           pass  # a line cut by a crash
   return Run(path, read("config.json"), rows, read("summary.json"))
+
+
+def expand(paths: list[str], only: str | None = None) -> list[str]:
+  """Run directories: a sweep directory (with sweep.json) stands for its done points, in the
+  manifest's order; `only` keeps the runs whose directory name matches this regex."""
+  out = []
+  for path in paths:
+    manifest = os.path.join(path, "sweep.json")
+    if os.path.exists(manifest):
+      with open(manifest) as f:
+        points = json.load(f)["points"]
+      out += [os.path.join(path, p["name"]) for p in points if p["status"] == "done"]
+    else:
+      out.append(path)
+  if only:
+    pattern = re.compile(only)
+    out = [p for p in out if pattern.search(os.path.basename(os.path.normpath(p)))]
+  return out

@@ -52,3 +52,14 @@ def test_batch_is_responses_per_optimizer_step(tmp_path, capsys):
     assert r["optimizer_steps_to_target"] == 2 * r["responses_to_target"] / (2 * r["batch"])
   fit = lines[-1]
   assert fit["e_min"] / fit["s_min"] == pytest.approx(e_min / s_min, rel=0.1)
+
+
+def test_a_sweep_directory_stands_for_its_done_points(tmp_path):
+  from runs import expand
+  points = [{"name": "p=8,seed=0", "status": "done"}, {"name": "p=16,seed=0", "status": "failed"},
+            {"name": "p=32,seed=1", "status": "done"}]
+  with open(tmp_path / "sweep.json", "w") as f:
+    json.dump({"points": points}, f)
+  assert expand([str(tmp_path), "other/run"]) == [
+      str(tmp_path / "p=8,seed=0"), str(tmp_path / "p=32,seed=1"), "other/run"]
+  assert expand([str(tmp_path)], only="seed=0$") == [str(tmp_path / "p=8,seed=0")]
