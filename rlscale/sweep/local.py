@@ -94,13 +94,14 @@ class LocalLauncher:
     return [*self.command, f"--config={self.config}", f"--workdir={p.run_dir}",
             *p.config_args()]
 
-  def _env(self, slot: int) -> dict:
+  def _env(self, slot: int | None) -> dict:
     env = dict(os.environ)
-    if "gpus" in self.slots[slot]:
+    if slot is not None and "gpus" in self.slots[slot]:
       env["CUDA_VISIBLE_DEVICES"] = ",".join(self.slots[slot]["gpus"])
     return env
 
-  def _spawn(self, argv: list[str], log: str, slot: int) -> subprocess.Popen:
+  def _spawn(self, argv: list[str], log: str, slot: int | None) -> subprocess.Popen:
+    """Start `argv` on the devices of `slot` (None: all of this launcher's)."""
     os.makedirs(os.path.dirname(log), exist_ok=True)
     with open(log, "a") as f:
       f.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv)}\n")
@@ -108,7 +109,8 @@ class LocalLauncher:
       # Its own session: a Ctrl-C in the terminal reaches the launcher, which passes SIGTERM.
       return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=self._env(slot),
                               start_new_session=True,
-                              preexec_fn=_child_setup(self.slots[slot].get("cores")))
+                              preexec_fn=_child_setup(
+                                  None if slot is None else self.slots[slot].get("cores")))
 
   def dry_run(self) -> str:
     """The commands: a base policy's build (once per recipe), then each point's run."""
@@ -140,7 +142,7 @@ class LocalLauncher:
       log = os.path.join(self.m.sweep_dir, "base-" + os.path.basename(key) + ".log")
       logging.info("sweep: building the base policy %s for %d points (log %s)", key,
                    len(group), log)
-      proc = self._spawn(self._argv(group[0]) + ["--base_policy_only"], log, 0)
+      proc = self._spawn(self._argv(group[0]) + ["--base_policy_only"], log, None)
       if proc.wait() != 0:
         error = [f"building the base policy {key} failed (exit {proc.returncode}); {log}:"]
         for p in group:
