@@ -89,6 +89,7 @@ class LocalLauncher:
     self.running: dict[str, tuple[subprocess.Popen, int]] = {}  # name -> (process, slot)
     self.durations: list[float] = []
     self.stopping = False
+    self.base_proc: subprocess.Popen | None = None  # a base policy being built
 
   def _argv(self, p: Point) -> list[str]:
     return [*self.command, f"--config={self.config}", f"--workdir={p.run_dir}",
@@ -142,8 +143,13 @@ class LocalLauncher:
       log = os.path.join(self.m.sweep_dir, "base-" + os.path.basename(key) + ".log")
       logging.info("sweep: building the base policy %s for %d points (log %s)", key,
                    len(group), log)
-      proc = self._spawn(self._argv(group[0]) + ["--base_policy_only"], log, None)
-      if proc.wait() != 0:
+      proc = self.base_proc = self._spawn(self._argv(group[0]) + ["--base_policy_only"], log,
+                                          None)
+      proc.wait()
+      self.base_proc = None
+      if self.stopping:  # it saved its checkpoint: the next launch resumes the build
+        return {p.name for p in todo}
+      if proc.returncode != 0:
         error = [f"building the base policy {key} failed (exit {proc.returncode}); {log}:"]
         for p in group:
           e = self.m.entry(p.name)
@@ -178,14 +184,16 @@ class LocalLauncher:
   def _stop(self, signum, frame) -> None:
     del frame
     if self.stopping:  # a second signal: do not wait for the saves
-      for proc, _ in self.running.values():
-        proc.kill()
+      for proc in [p for p, _ in self.running.values()] + [self.base_proc]:
+        if proc is not None:
+          proc.kill()
       return
     self.stopping = True
     logging.warning("sweep: signal %d: asking %d runs to save and stop (again to kill them)",
                     signum, len(self.running))
-    for proc, _ in self.running.values():
-      proc.send_signal(signal.SIGTERM)
+    for proc in [p for p, _ in self.running.values()] + [self.base_proc]:
+      if proc is not None:
+        proc.send_signal(signal.SIGTERM)
 
   def run(self) -> dict[str, int]:
     """Run every point that is not done; the manifest's counts at the end."""
