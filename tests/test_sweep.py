@@ -107,7 +107,7 @@ def test_device_slots():
                                                                {"cores": [2, 3]}]
   assert local.device_slots(3, gpus=[], cores=[0, 1]) == [{"cores": [0]}, {"cores": [1]},
                                                          {"cores": [0]}]
-  with pytest.raises(ValueError, match="--parallel=3 runs need at least as many GPUs"):
+  with pytest.raises(ConfigError, match="--parallel=3 runs need at least as many GPUs"):
     local.device_slots(3, gpus=["0", "1"])
 
 

@@ -95,16 +95,17 @@ def run(argv) -> int:
     print(launcher(_LAUNCHER.value, _CONFIG.value, m, pts, parallel).dry_run())
     return 0
   m = mf.open_sweep(workdir, _SWEEP.value, _CONFIG.value, _LAUNCHER.value, pts)
+  runner = launcher(_LAUNCHER.value, _CONFIG.value, m, pts, parallel)  # may refuse: no manifest
   m.save()
   logging.info("sweep %s of %s: %d points in %s (%d done), launcher %s", m.sweep, m.config,
                len(m.points), workdir, m.counts()[mf.DONE], m.launcher)
-  counts = launcher(_LAUNCHER.value, _CONFIG.value, m, pts, parallel).run()
+  counts = runner.run()
   if counts[mf.FAILED]:
     for e in m.points:
       if e.status == mf.FAILED:
         logging.error("failed: %s: %s", e.name, e.error[0] if e.error else "")
     return 1
-  if counts[mf.PREEMPTED] or (m.launcher == "local" and counts[mf.PENDING]):
+  if counts[mf.PREEMPTED] or (m.launcher != "slurm" and counts[mf.PENDING]):
     return EXIT_REQUEUE
   return 0
 

@@ -26,6 +26,7 @@ import time
 from absl import logging
 
 from rlscale import workdir_lock
+from rlscale.batch import ConfigError
 from rlscale.preemption import EXIT_REQUEUE
 from rlscale.sweep import manifest as mf
 from rlscale.sweep.points import Point
@@ -53,7 +54,7 @@ def device_slots(parallel: int, gpus: list[str] | None = None,
   gpus = gpu_ids() if gpus is None else gpus
   if gpus:
     if parallel > len(gpus):
-      raise ValueError(f"--parallel={parallel} runs need at least as many GPUs; "
+      raise ConfigError(f"--parallel={parallel} runs need at least as many GPUs; "
                        f"{len(gpus)} are visible ({','.join(gpus)})")
     share = len(gpus) // parallel
     return [{"gpus": gpus[i * share:(i + 1) * share]} for i in range(parallel)]
