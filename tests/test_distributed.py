@@ -122,25 +122,12 @@ def _compare_rows(one, two):
   return mismatches, rounded, largest, used
 
 
-def _two_processes_like_one(name, tmp_path, cache_dir):
-  sys.path.insert(0, os.path.join(HERE, "workers"))
-  import two_process_rl
-
-  from rlscale import train
-
-  # One process, 8 devices; it builds the SFT base into the cache (once for both tests).
-  one = train.main(two_process_rl.config(name, cache_dir), str(tmp_path / "one"))
-  bases = [n for n in os.listdir(cache_dir) if not n.endswith(".lock")]
-  assert len(bases) == 1, bases
-
-  outputs = _run_two_processes([name, cache_dir, str(tmp_path / "two")], tmp_path)
-  for pid, out in enumerate(outputs):
-    assert "base policy: reusing" in out, f"process {pid} did not reuse the base:\n{out[-3000:]}"
-  assert sorted(n for n in os.listdir(cache_dir) if not n.endswith(".lock")) == bases
-
+def check_like_one(name, one_dir, two_dir, one_summary):
+  """The run in `two_dir` (two processes) against the one in `one_dir` (one process, which
+  returned `one_summary`): the same steps, counts and compilations, metrics within tolerance."""
   rows = {}
-  for run in ("one", "two"):
-    with open(tmp_path / run / "metrics.jsonl") as f:
+  for run, folder in (("one", one_dir), ("two", two_dir)):
+    with open(os.path.join(folder, "metrics.jsonl")) as f:
       rows[run] = [json.loads(line) for line in f]
   assert [r["step"] for r in rows["one"]] == [0, 1, 2]
   # Partial credit: the updates have something to learn.
@@ -148,8 +135,8 @@ def _two_processes_like_one(name, tmp_path, cache_dir):
   for r1, r2 in zip(rows["one"], rows["two"]):
     for k in ("responses_seen", "tokens_seen"):
       assert r1[k] == r2[k], (r1["step"], k, r1[k], r2[k])
-  with open(tmp_path / "two" / "summary.json") as f:
-    assert json.load(f)["compilations"] == one["compilations"]
+  with open(os.path.join(two_dir, "summary.json")) as f:
+    assert json.load(f)["compilations"] == one_summary["compilations"]
 
   mismatches, rounded, largest, used = _compare_rows(rows["one"], rows["two"])
   print(f"{name}: largest difference {largest[0]:.3g} ({largest[1]}); at most {used[0]:.3g} of "
@@ -159,14 +146,32 @@ def _two_processes_like_one(name, tmp_path, cache_dir):
     raise Float32HostSums("\n".join(rounded))
 
 
-@pytest.fixture(scope="module")
-def rl_base_cache(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("rl_base"))
+def _two_processes_like_one(name, tmp_path, cache_dir, one=None):
+  """`one`: the single-process run (conftest's grpo_single_process_run), else run here."""
+  sys.path.insert(0, os.path.join(HERE, "workers"))
+  import two_process_rl
+
+  from rlscale import train
+
+  if one is None:  # one process, 8 devices; builds the SFT base into the cache if missing
+    one_dir = str(tmp_path / "one")
+    one_summary = train.main(two_process_rl.config(name, cache_dir), one_dir)
+  else:
+    one_dir, one_summary = one.run_dir, one.summary
+  bases = [n for n in os.listdir(cache_dir) if not n.endswith(".lock")]
+  assert len(bases) == 1, bases
+
+  outputs = _run_two_processes([name, cache_dir, str(tmp_path / "two")], tmp_path)
+  for pid, out in enumerate(outputs):
+    assert "base policy: reusing" in out, f"process {pid} did not reuse the base:\n{out[-3000:]}"
+  assert sorted(n for n in os.listdir(cache_dir) if not n.endswith(".lock")) == bases
+  check_like_one(name, one_dir, str(tmp_path / "two"), one_summary)
 
 
 @pytest.mark.slow
-def test_two_processes_grpo_like_one(tmp_path, rl_base_cache):
-  _two_processes_like_one("grpo.py", tmp_path, rl_base_cache)
+def test_two_processes_grpo_like_one(tmp_path, grpo_single_process_run):
+  _two_processes_like_one("grpo.py", tmp_path, grpo_single_process_run.cache_dir,
+                          grpo_single_process_run)
 
 
 @pytest.mark.slow

@@ -1,6 +1,489 @@
-"""Slurm launcher (being written)."""
+"""Run a sweep's points on Slurm: one job array of generated sbatch scripts, then return.
+
+Why generated scripts and not submitit: the script is the whole story, a file a user can read,
+edit and `sbatch` by hand; `--dry_run` prints exactly what is submitted; nothing is pickled
+(a point is a shell command, so a job does not need this Python's exact environment to unpickle
+a callable); and sbatch, srun, squeue, sacct and scontrol are easy to fake offline
+(tests/fake_slurm/), so the whole path is tested on a laptop.
+
+What is submitted, in `<sweep dir>/slurm/`:
+  base-<recipe>.sh  one single-task job per base policy the points need that is not built yet
+                    (`--base_policy_only`), submitted first;
+  points-<n>.sh     one array over the points neither done nor queued (`--array=0,2,5%N`,
+                    N = --parallel), `--dependency=afterok:<base jobs>`. Task i runs point i of
+                    the manifest with srun on nodes x tasks_per_node processes, which start
+                    jax.distributed from Slurm's variables; its output is appended to the
+                    point's launch.log.
+Preemption: `--signal=USR2@<signal_seconds>` reaches the runs (not the batch shell) before the
+time limit; a run saves its step and exits 75 (as on SIGTERM), and the task requeues itself
+(`scontrol requeue`), so it resumes from its checkpoint. `--requeue` lets Slurm requeue it after
+a preemption or a node failure too.
+
+`run()` submits and returns; sweep.json records each point's job (`<array job>_<task>`). Run the
+same command again to see where they stand (squeue for live jobs, sacct for finished ones):
+queued or running jobs are left alone, points that failed or were preempted are submitted again
+(resuming their checkpoints), done points are skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+
+from absl import flags, logging
+from ml_collections import config_flags
+
+from rlscale.batch import ConfigError
+from rlscale.preemption import EXIT_REQUEUE
+from rlscale.sweep import manifest as mf
+from rlscale.sweep.points import Point
+
+DEFAULT_SETTINGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm_config.py")
+
+
+def _define_flag():
+  """--slurm, a config file (the shipped one by default) with --slurm.<field> overrides.
+
+  config_flags applies the overrides in sys.argv as the flag is defined, at import: one that
+  names no field would be a traceback there. Such an override is kept from config_flags, so
+  that absl refuses it in one line as an unknown flag.
+  """
+  from rlscale.sweep import slurm_config
+  fields = set(slurm_config.get_config())
+  argv = [a for a in sys.argv
+          if not (m := re.match(r"--?(?:no)?slurm\.([^=]+)", a)) or m.group(1) in fields]
+  with warnings.catch_warnings():  # config_flags loads the file with importlib's load_module
+    warnings.filterwarnings("ignore", "the load_module", DeprecationWarning)
+    return config_flags.DEFINE_config_file(
+        "slurm", DEFAULT_SETTINGS, "the Slurm launcher's settings: a file like "
+        "rlscale/sweep/slurm_config.py, its fields overridden as --slurm.partition=gpu",
+        lock_config=True, sys_argv=None if argv == sys.argv else argv)
+
+
+_SLURM = _define_flag()
+
+# After the first process of a point ends, the others get this long to end too (finish a save)
+# before srun stops them: a process left alone in a collective would hold the nodes until the
+# time limit.
+SRUN_WAIT_S = 300
+# sacct/squeue states of a job that is still queued or running: left alone.
+QUEUED = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING",
+          "COMPLETING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
+_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+_NAME = re.compile(r"[A-Za-z0-9_.,:+-]+")
+_JOB = re.compile(r"\d+_\d+")  # what this launcher records: <array job>_<task>
+
+
+def current_settings():
+  """The --slurm settings, or the shipped defaults when flags were not parsed (a library call)."""
+  if flags.FLAGS.is_parsed():
+    try:
+      _SLURM.value.get("nodes")
+    except OSError as e:  # config_flags keeps a file it could not load until it is read
+      lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+      raise ConfigError(f"--slurm={flags.FLAGS['slurm'].config_filename}: cannot load it "
+                        f"({lines[-1]})") from e
+    return _SLURM.value
+  from rlscale.sweep import slurm_config
+  return slurm_config.get_config()
+
+
+def time_seconds(text: str) -> int:
+  """Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S -> seconds."""
+  m = _TIME.fullmatch(text.strip())
+  if not m:
+    raise ValueError(text)
+  days, a, b, c = m.groups()
+  nums = [int(x) for x in (a, b, c) if x is not None]
+  if days is not None:  # D-H, D-H:M, D-H:M:S
+    h, mi, s = (nums + [0, 0])[:3]
+  elif len(nums) == 3:
+    h, mi, s = nums
+  else:  # M, M:S
+    h, (mi, s) = 0, (nums + [0])[:2]
+  return ((int(days or 0) * 24 + h) * 60 + mi) * 60 + s
+
+
+def check(s) -> None:
+  """Refuse a setting Slurm would reject or a run could not use, in one line naming it."""
+  def bad(field, why):
+    raise ConfigError(f"--slurm.{field}={s[field]!r}: {why}")
+  from rlscale.sweep import slurm_config
+  want, have = set(slurm_config.get_config()), set(s)
+  if want != have:
+    missing, unknown = sorted(want - have), sorted(have - want)
+    raise ConfigError(f"--slurm: the settings {'lack ' + ', '.join(missing) if missing else ''}"
+                      f"{' and ' if missing and unknown else ''}"
+                      f"{'have unknown ' + ', '.join(unknown) if unknown else ''}; start a site "
+                      "file from rlscale/sweep/slurm_config.py")
+  for field, least in (("nodes", 1), ("tasks_per_node", 1), ("gpus_per_node", 0),
+                       ("cpus_per_task", 0), ("signal_seconds", 0), ("max_requeues", 0)):
+    if not isinstance(s[field], int) or s[field] < least:
+      bad(field, f"must be an integer >= {least}")
+  gpus, tasks = s.gpus_per_node, s.tasks_per_node
+  if gpus and tasks not in (1, gpus):
+    bad("tasks_per_node", f"with gpus_per_node={gpus}, give 1 (one process per node, driving "
+        f"all its GPUs) or {gpus} (one process per GPU)")
+  if s.signal_seconds > 65535:
+    bad("signal_seconds", "Slurm's --signal allows at most 65535 seconds")
+  if s.mem and not re.fullmatch(r"\d+[KMGT]?", s.mem):
+    bad("mem", "give a size like 64G, 500M or 0 (all of the node's memory)")
+  if s.time:
+    try:
+      limit = time_seconds(s.time)
+    except ValueError:
+      bad("time", "give minutes or [days-]hours:minutes:seconds, e.g. 4:00:00 or 1-00:00:00")
+    if limit <= s.signal_seconds:
+      bad("time", f"the runs are signalled signal_seconds={s.signal_seconds} before the limit; "
+          "give a longer time or fewer signal_seconds")
+  for field in ("partition", "account", "qos", "job_name"):
+    if s[field] and not _NAME.fullmatch(s[field]):
+      bad(field, "letters, digits and _.,:+- only")
+  if re.search(r"\s", s.constraint):
+    bad("constraint", "no spaces: features joined by & or |, e.g. h100&ib")
+  for field in ("sbatch_args", "srun_args"):
+    try:
+      args = shlex.split(s[field])
+    except ValueError as e:
+      bad(field, f"not shell words: {e}")
+    for a in args:
+      if not a.startswith("-"):
+        bad(field, f"{a!r} is not an option; write each as --name=value")
+
+
+def array_spec(indices: list[int], parallel: int) -> str:
+  """`0-3,5,7-9%2`: the task indices as Slurm's ranges, with the limit on tasks at once."""
+  parts, start = [], None
+  for k, i in enumerate(indices):
+    if start is None:
+      start = i
+    if k + 1 == len(indices) or indices[k + 1] != i + 1:
+      parts.append(str(i) if i == start else f"{start}-{i}")
+      start = None
+  return ",".join(parts) + (f"%{parallel}" if parallel else "")
+
+
+def expand_array(job_id: str) -> list[str]:
+  """sacct's line for pending tasks, `12_[0-2,5%2]` -> 12_0, 12_1, 12_2, 12_5; others as given."""
+  m = re.fullmatch(r"(\d+)_\[([^\]]*)\]", job_id)
+  if not m:
+    return [job_id]
+  out = []
+  for part in m.group(2).split("%")[0].split(","):
+    lo, _, hi = part.partition("-")
+    if lo.isdigit():
+      out += [f"{m.group(1)}_{i}" for i in range(int(lo), int(hi or lo) + 1)]
+  return out
+
+
+@dataclasses.dataclass
+class JobState:
+  state: str  # sacct/squeue's, first word: CANCELLED for `CANCELLED by 1234`
+  returncode: int | None = None  # the exit status, or -signal
+  elapsed_s: float | None = None
+
+
+def _returncode(exit_code: str) -> int | None:
+  code, _, signal = exit_code.partition(":")
+  if not code.isdigit():
+    return None
+  return -int(signal) if int(code) == 0 and signal.isdigit() and int(signal) else int(code)
+
+
+def job_states(job_ids: list[str]) -> dict[str, JobState]:
+  """Where each job (`<array job>_<task>` or a job id) stands: squeue for live jobs (always
+  current), else sacct (the history, when accounting is on). A job neither knows is left out."""
+  arrays = sorted({j.partition("_")[0] for j in job_ids})
+  states: dict[str, JobState] = {}
+  out = _query(["sacct", "-n", "-P", "-X", "-j", ",".join(arrays),
+                "--format=JobID,State,ExitCode,ElapsedRaw"])
+  for line in out.splitlines():
+    fields = line.strip().split("|")
+    if len(fields) < 2 or "." in fields[0]:
+      continue
+    rc = _returncode(fields[2]) if len(fields) > 2 else None
+    elapsed = float(fields[3]) if len(fields) > 3 and fields[3].isdigit() else None
+    for j in expand_array(fields[0]):
+      states[j] = JobState(fields[1].split()[0] if fields[1].strip() else "UNKNOWN", rc, elapsed)
+  out = _query(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i %T"])
+  for line in out.splitlines():
+    fields = line.split()
+    if len(fields) == 2 and fields[0].partition("_")[0] in arrays:
+      for j in expand_array(fields[0]):
+        states[j] = JobState(fields[1], None, None)
+  return {j: states[j] for j in job_ids if j in states}
+
+
+def _query(argv: list[str]) -> str:
+  """A status command's output; '' when it is missing or fails (sacct without accounting)."""
+  try:
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+  except (OSError, subprocess.SubprocessError) as e:
+    logging.warning("sweep: %s failed: %s", argv[0], e)
+    return ""
+  if out.returncode:
+    logging.warning("sweep: %s exited %d: %s", shlex.join(argv), out.returncode,
+                    out.stderr.strip()[-300:])
+  return out.stdout
+
+
+def _points(n: int) -> str:
+  return f"{n} point" + "s" * (n != 1)
+
+
+def _base_built(key: str) -> bool:
+  from rlscale import sft
+  return os.path.exists(os.path.join(key, "policy", sft.DONE))
 
 
 class SlurmLauncher:
-  def __init__(self, *args, **kwargs):
-    raise NotImplementedError("the Slurm launcher is not written yet")
+  """Submits the not-done points of a manifest as one job array; `command` replaces
+  `python -m rlscale`; `settings` the --slurm config (its fields: slurm_config.py)."""
+
+  def __init__(self, config: str, m: mf.Manifest, points: list[Point], parallel: int = 0,
+               command: list[str] | None = None, settings=None):
+    self.config, self.m, self.parallel = config, m, parallel
+    self.points = {p.name: p for p in points}
+    self.command = command or ["python", "-m", "rlscale"]
+    self.s = settings if settings is not None else current_settings()
+    check(self.s)
+    self.dir = os.path.join(m.sweep_dir, "slurm")
+
+  # --- the scripts ---
+
+  def _argv(self, p: Point) -> list[str]:
+    return [*self.command, f"--config={self.config}", f"--workdir={p.run_dir}",
+            *p.config_args()]
+
+  def _directives(self, suffix: str, output: str, nodes: int, tasks: int,
+                  cpus: int) -> list[str]:
+    s = self.s
+    lines = [f"--job-name={s.job_name or 'rlscale-' + self.m.sweep}{suffix}", f"--nodes={nodes}",
+             f"--ntasks-per-node={tasks}"]
+    if s.gpus_per_node:
+      lines.append(f"--gpus-per-node={s.gpus_per_node}")
+    if cpus:
+      lines.append(f"--cpus-per-task={cpus}")
+    lines += [f"--{k}={s[k]}" for k in ("mem", "partition", "time", "account", "qos",
+                                        "constraint") if s[k]]
+    if s.signal_seconds:
+      lines.append(f"--signal=USR2@{s.signal_seconds}")  # no B:, so srun's tasks get it
+    lines += ["--requeue", "--open-mode=append", f"--output={output}",
+              f"--chdir={os.getcwd()}"]
+    lines += shlex.split(s.sbatch_args)
+    return ["#SBATCH " + line for line in lines]
+
+  def _launch(self, job: str, nodes: int, tasks_per_node: int) -> list[str]:
+    """Start the point's processes with srun, and requeue the job when the run exits 75."""
+    s, lines = self.s, []
+    lines.append("# jax.distributed finds its processes in Slurm's variables, not these:")
+    lines.append("unset JAX_COORDINATOR_ADDRESS JAX_NUM_PROCESSES JAX_PROCESS_ID")
+    if s.gpus_per_node and tasks_per_node == 1:
+      ids = ",".join(map(str, range(s.gpus_per_node)))
+      lines.append(f"export JAX_LOCAL_DEVICE_IDS={ids}  # one process drives all its node's GPUs")
+    elif s.gpus_per_node:
+      lines.append("# one process per GPU: jax.distributed gives each GPU $SLURM_LOCALID")
+    srun = ["srun", f"--nodes={nodes}", f"--ntasks={nodes * tasks_per_node}",
+            f"--ntasks-per-node={tasks_per_node}", f"--wait={SRUN_WAIT_S}",
+            *shlex.split(s.srun_args)]
+    lines += [
+        "export PYTHONUNBUFFERED=1",
+        "# A SIGTERM (preemption, the time limit) reaches the runs too: wait for their save.",
+        "trap 'echo \"# SIGTERM: the run saves its step and exits 75\"' TERM",
+        shlex.join(srun) + ' "${argv[@]}"',
+        "rc=$?",
+        f'if [ "$rc" -eq {EXIT_REQUEUE} ]; then',
+        f'  if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {s.max_requeues} ]; then',
+        f'    echo "# preempted (exit {EXIT_REQUEUE}): requeueing {job}; it resumes from its '
+        'checkpoint"',
+        f'    scontrol requeue "{job}"',
+        "  else",
+        f'    echo "# preempted after {s.max_requeues} requeues; run the sweep again to resume"',
+        "  fi",
+        "fi",
+        'exit "$rc"']
+    return lines
+
+  def _setup(self) -> list[str]:
+    return ["# setup (--slurm.setup)", *self.s.setup.strip().splitlines()] if \
+        self.s.setup.strip() else []
+
+  def array_script(self, entries: list[mf.Entry], name: str) -> str:
+    s = self.s
+    index = {e.name: i for i, e in enumerate(self.m.points)}
+    indices = [index[e.name] for e in entries]
+    out = os.path.join(os.path.abspath(self.dir), f"{name}-%A_%a.out")
+    lines = ["#!/bin/bash",
+             f"# Sweep {self.m.sweep} of {self.config}: {_points(len(entries))} as one job array",
+             "# (rlscale/sweep/slurm.py). Task i runs point i below with srun, its output in",
+             "# <run dir>/launch.log. A run that exits 75 (SIGUSR2 before the time limit, or",
+             "# preempted) saved its step: the task requeues itself and resumes from there.",
+             f"#SBATCH --array={array_spec(indices, self.parallel)}",
+             *self._directives("", out, s.nodes, s.tasks_per_node, s.cpus_per_task),
+             "#SBATCH --kill-on-invalid-dep=yes", "",
+             'case "$SLURM_ARRAY_TASK_ID" in']
+    for i, e in zip(indices, entries):
+      p = self.points[e.name]
+      lines += [f"  {i}) run_dir={shlex.quote(p.run_dir)}",
+                f"     argv=({shlex.join(self._argv(p))}) ;;"]
+    lines += ['  *) echo "error: array task $SLURM_ARRAY_TASK_ID is no point of this script" >&2',
+              "     exit 2 ;;", "esac",
+              'mkdir -p "$run_dir"',
+              'exec >>"$run_dir/launch.log" 2>&1',
+              'echo "# $(date \'+%Y-%m-%d %H:%M:%S\') slurm job ${SLURM_ARRAY_JOB_ID}_'
+              '${SLURM_ARRAY_TASK_ID} on ${SLURM_JOB_NODELIST:-?}, restart '
+              '${SLURM_RESTART_COUNT:-0}: ${argv[*]}"',
+              *self._setup(),
+              *self._launch("${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}", s.nodes,
+                            s.tasks_per_node)]
+    return "\n".join(lines) + "\n"
+
+  def base_script(self, key: str, p: Point) -> str:
+    """One process on one node builds the base policy (all the node's GPUs and cores)."""
+    s = self.s
+    log = os.path.abspath(self._base_log(key))
+    lines = ["#!/bin/bash",
+             f"# The base policy of sweep {self.m.sweep} of {self.config}, built once before",
+             "# its points, whose job array waits for this job (rlscale/sweep/slurm.py):",
+             f"# {key}",
+             *self._directives("-base", log, 1, 1, s.cpus_per_task * s.tasks_per_node), "",
+             f"argv=({shlex.join(self._argv(p) + ['--base_policy_only'])})",
+             'echo "# $(date \'+%Y-%m-%d %H:%M:%S\') slurm job $SLURM_JOB_ID on '
+             '${SLURM_JOB_NODELIST:-?}: ${argv[*]}"',
+             *self._setup(), *self._launch("$SLURM_JOB_ID", 1, 1)]
+    return "\n".join(lines) + "\n"
+
+  def _base_log(self, key: str) -> str:
+    return os.path.join(self.dir, f"base-{os.path.basename(key)}.log")
+
+  def _base_groups(self, entries: list[mf.Entry], built=None) -> dict[str, Point]:
+    """Each base policy the entries' points need and that is not built: key -> a point."""
+    from rlscale.sweep.points import base_key
+    built = built or _base_built
+    groups: dict[str, Point] = {}
+    for e in entries:
+      key = base_key(self.config, self.points[e.name])
+      if key and key not in groups and not built(key):
+        groups[key] = self.points[e.name]
+    return groups
+
+  def dry_run(self) -> str:
+    """Each script as it would be submitted, after the sbatch command that submits it."""
+    entries = [e for e in self.m.points if e.name in self.points]
+    out, deps = [], []
+    for n, (key, p) in enumerate(self._base_groups(entries, built=lambda k: False).items()):
+      path = os.path.join(self.dir, f"base-{os.path.basename(key)}.sh")
+      out.append(f"# sbatch --parsable {path}\n{self.base_script(key, p)}")
+      deps.append(f"<base job {n + 1}>")
+    path = os.path.join(self.dir, "points-1.sh")
+    dep = f"--dependency=afterok:{':'.join(deps)} " if deps else ""
+    out.append(f"# sbatch --parsable {dep}{path}\n{self.array_script(entries, 'points-1')}")
+    return "\n".join(out) + (f"# {_points(len(entries))}; a launch leaves out those done or "
+                             "queued (sweep.json) and base policies already built")
+
+  # --- submitting and following ---
+
+  def _sbatch(self, script: str, path: str, dependency: list[str]) -> str:
+    with open(path, "w") as f:
+      f.write(script)
+    argv = ["sbatch", "--parsable"]
+    if dependency:
+      argv.append("--dependency=afterok:" + ":".join(dependency))
+    argv.append(path)
+    out = subprocess.run(argv, capture_output=True, text=True)
+    lines = out.stdout.strip().splitlines()
+    if out.returncode or not lines or not lines[-1].split(";")[0].isdigit():
+      why = (out.stderr.strip() or out.stdout.strip()).splitlines()
+      raise ConfigError(f"{shlex.join(argv)} failed (exit {out.returncode}): "
+                        f"{why[-1] if why else 'no job id'}")
+    return lines[-1].split(";")[0]
+
+  def refresh(self, lost: str | None = mf.PENDING) -> None:
+    """Each point's status from its job's state. A job Slurm no longer knows of gets `lost`
+    (None: keep the status; right after a submission accounting may not list it yet)."""
+    live = [e for e in self.m.points if e.job_id and e.status != mf.DONE]
+    ours = [e.job_id for e in live if _JOB.fullmatch(e.job_id)]  # not a local launcher's pid
+    states = job_states(ours) if ours else {}
+    for e in live:
+      self._update(e, states.get(e.job_id), lost)
+
+  def _update(self, e: mf.Entry, st: JobState | None, lost: str | None) -> None:
+    if st is not None:
+      e.returncode = st.returncode if st.returncode is not None else e.returncode
+      e.duration_s = st.elapsed_s if st.elapsed_s is not None else e.duration_s
+    log = mf.log_path(e.run_dir)
+    if mf.run_done(e.run_dir):
+      e.status, e.error = mf.DONE, []
+    elif st is None:
+      if lost and e.status == mf.RUNNING:
+        logging.warning("sweep: slurm knows no job %s (point %s); it is submitted again",
+                        e.job_id, e.name)
+        e.status = lost
+    elif st.state in QUEUED:
+      e.status = mf.RUNNING
+    elif st.state == "PREEMPTED" or st.returncode == EXIT_REQUEUE:
+      e.status, e.error = mf.PREEMPTED, []
+    else:
+      e.status = mf.FAILED
+      why = (f"slurm job {e.job_id} {st.state}"
+             + (f" (exit {st.returncode})" if st.returncode else ""))
+      if st.state == "COMPLETED":
+        why += " without writing summary.json"
+      if os.path.exists(log):
+        e.error = [f"{why}; {log}:"] + mf.tail(log)
+      else:
+        e.error = [f"{why} before its run started" + self._base_hint(e)]
+
+  def _base_hint(self, e: mf.Entry) -> str:
+    from rlscale.sweep.points import base_key
+    key = base_key(self.config, self.points[e.name]) if e.name in self.points else None
+    return f" (did its base policy fail? {self._base_log(key)})" if key else ""
+
+  def run(self) -> dict[str, int]:
+    """Submit every point that is neither done nor queued; the manifest's counts after."""
+    if not shutil.which("sbatch"):
+      raise ConfigError("--launcher=slurm: sbatch is not on PATH; launch from a Slurm login node "
+                        "(or see the scripts with --dry_run)")
+    self.refresh()
+    todo = [e for e in self.m.points
+            if e.name in self.points and e.status not in (mf.DONE, mf.RUNNING)]
+    for e in todo:
+      if e.status == mf.FAILED:
+        logging.info("sweep: retrying %s, which failed: %s", e.name, e.error[0] if e.error else "")
+    if not todo:
+      self.m.save()
+      c = self.m.counts()
+      print(f"sweep {self.m.sweep}: nothing to submit ({c[mf.DONE]} done, {c[mf.RUNNING]} "
+            f"queued or running, see {self.m.path})")
+      return c
+    os.makedirs(self.dir, exist_ok=True)
+    base_jobs = []
+    for key, p in self._base_groups(todo).items():
+      path = os.path.join(self.dir, f"base-{os.path.basename(key)}.sh")
+      base_jobs.append(self._sbatch(self.base_script(key, p), path, []))
+      print(f"sweep {self.m.sweep}: base policy {key}: job {base_jobs[-1]} ({path}, log "
+            f"{self._base_log(key)})")
+    n = 1 + sum(bool(re.fullmatch(r"points-\d+\.sh", f)) for f in os.listdir(self.dir))
+    path = os.path.join(self.dir, f"points-{n}.sh")
+    array = self._sbatch(self.array_script(todo, f"points-{n}"), path, base_jobs)
+    index = {e.name: i for i, e in enumerate(self.m.points)}
+    for e in todo:
+      e.status, e.job_id, e.started = mf.RUNNING, f"{array}_{index[e.name]}", time.time()
+      e.attempts, e.returncode, e.duration_s, e.error = e.attempts + 1, None, None, []
+    self.m.save()
+    self.refresh(lost=None)  # a job that failed at once (or a fake Slurm that ran it) shows now
+    self.m.save()
+    after = f", after base policy job {','.join(base_jobs)}" if base_jobs else ""
+    print(f"sweep {self.m.sweep}: submitted {_points(len(todo))} as job array {array} "
+          f"({path}){after}\n  watch: squeue -j {array}; sacct -j {array}; "
+          f"tail -f <point>/launch.log\n  run the same command again to update {self.m.path} "
+          "and resubmit what failed or was preempted")
+    return self.m.counts()
