@@ -208,3 +208,20 @@ def test_manifest_rebuilt_from_run_directories(tmp_path):
   assert [e.status for e in m.points] == ["pending", "done", "pending"]
   line = manifest.progress_line(m, time.time() - 65, [30.0], 2)
   assert line == "sweep three: 1/3 done, 0 running, 2 pending | 1m05s elapsed, ETA 0m30s"
+
+
+def test_only_runs_a_subset_and_the_manifest_keeps_the_rest(tmp_path):
+  assert _sweep(tmp_path, "three", "--only=seed=0").returncode == 0
+  statuses = [(p["name"], p["status"]) for p in _manifest(tmp_path)["points"]]
+  assert statuses == [("seed=0", "done"), ("seed=1", "pending"), ("seed=2", "pending")]
+  # A launch of another subset keeps the first one's entries (it writes only its own).
+  pts = points.points(FAKE_CONFIG, "three", str(tmp_path / "sw"))
+  m = manifest.open_sweep(str(tmp_path / "sw"), "three", FAKE_CONFIG, "local", pts, {"seed=2"})
+  m.entry("seed=0").status = "failed"  # not this launch's to write
+  m.entry("seed=2").status = "running"
+  m.save()
+  statuses = [p["status"] for p in _manifest(tmp_path)["points"]]
+  assert statuses == ["done", "pending", "running"]
+  out = _sweep(tmp_path, "three")
+  assert out.returncode == 0, out.stderr
+  assert [len(_starts(tmp_path, f"seed={i}")) for i in range(3)] == [1, 1, 1]

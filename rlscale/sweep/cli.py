@@ -48,17 +48,19 @@ def default_workdir(config: str, sweep: str) -> str:
 
 
 def selected_points(config: str, sweep: str, workdir: str, only: str | None):
+  """(every point of the sweep, those --only selects)."""
   from rlscale.sweep import points
   pts = points.points(config, sweep, workdir)
-  if only:
-    try:
-      pattern = re.compile(only)
-    except re.error as e:
-      raise ConfigError(f"--only={only!r} is not a regular expression: {e}") from e
-    pts = [p for p in pts if pattern.search(p.name)]
-    if not pts:
-      raise ConfigError(f"--only={only!r} matches no point of sweep {sweep}")
-  return pts
+  if not only:
+    return pts, pts
+  try:
+    pattern = re.compile(only)
+  except re.error as e:
+    raise ConfigError(f"--only={only!r} is not a regular expression: {e}") from e
+  chosen = [p for p in pts if pattern.search(p.name)]
+  if not chosen:
+    raise ConfigError(f"--only={only!r} matches no point of sweep {sweep}")
+  return pts, chosen
 
 
 def command() -> list[str]:
@@ -88,21 +90,22 @@ def run(argv) -> int:
     raise ConfigError(f"--parallel={parallel} must be a positive integer"
                       + (" (or 0: no limit)" if _LAUNCHER.value == "slurm" else ""))
   workdir = _WORKDIR.value or default_workdir(_CONFIG.value, _SWEEP.value)
-  pts = selected_points(_CONFIG.value, _SWEEP.value, workdir, _ONLY.value)
+  every, pts = selected_points(_CONFIG.value, _SWEEP.value, workdir, _ONLY.value)
   if _DRY_RUN.value:
     m = mf.Manifest(_SWEEP.value, _CONFIG.value, _LAUNCHER.value, workdir)
     m.points = [mf.Entry(p.name, p.overrides, p.run_dir) for p in pts]
     print(launcher(_LAUNCHER.value, _CONFIG.value, m, pts, parallel).dry_run())
     return 0
-  m = mf.open_sweep(workdir, _SWEEP.value, _CONFIG.value, _LAUNCHER.value, pts)
+  m = mf.open_sweep(workdir, _SWEEP.value, _CONFIG.value, _LAUNCHER.value, every,
+                   {p.name for p in pts} if _ONLY.value else None)
   runner = launcher(_LAUNCHER.value, _CONFIG.value, m, pts, parallel)  # may refuse: no manifest
   m.save()
   logging.info("sweep %s of %s: %d points in %s (%d done), launcher %s", m.sweep, m.config,
-               len(m.points), workdir, m.counts()[mf.DONE], m.launcher)
+               len(pts), workdir, m.counts()[mf.DONE], m.launcher)
   counts = runner.run()
   if counts[mf.FAILED]:
     for e in m.points:
-      if e.status == mf.FAILED:
+      if e.status == mf.FAILED and m.mine(e):
         logging.error("failed: %s: %s", e.name, e.error[0] if e.error else "")
     return 1
   if counts[mf.PREEMPTED] or (m.launcher != "slurm" and counts[mf.PENDING]):

@@ -210,7 +210,7 @@ class LocalLauncher:
     todo = [self.points[e.name] for e in self.m.points
             if e.status != mf.DONE and e.name in self.points]
     for e in self.m.points:  # a launcher that died left these 'running'
-      if e.status == mf.RUNNING:
+      if e.status == mf.RUNNING and e.name in self.points:
         e.status = mf.PREEMPTED
     self.m.save()
     t0, shown = time.time(), (None, 0.0)  # (counts, time) of the last progress line

@@ -15,6 +15,7 @@ left stale by a killed launcher is rebuilt from the run directories.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import subprocess
@@ -90,6 +91,8 @@ class Manifest:
   created: float = dataclasses.field(default_factory=time.time)
   updated: float | None = None
   points: list[Entry] = dataclasses.field(default_factory=list)
+  # The points this launch runs (--only); the others' entries are another launch's to write.
+  selected: set[str] | None = dataclasses.field(default=None, repr=False)
 
   @property
   def path(self) -> str:
@@ -98,20 +101,36 @@ class Manifest:
   def entry(self, name: str) -> Entry:
     return next(e for e in self.points if e.name == name)
 
+  def mine(self, e: Entry) -> bool:
+    return self.selected is None or e.name in self.selected
+
   def counts(self) -> dict[str, int]:
-    return {s: sum(e.status == s for e in self.points) for s in STATUSES}
+    """How many of this launch's points are in each status."""
+    return {s: sum(e.status == s for e in self.points if self.mine(e)) for s in STATUSES}
 
   def save(self) -> None:
-    """Written whole to a temporary file, then renamed: a reader never sees half of it."""
+    """Written whole to a temporary file, then renamed: a reader never sees half of it.
+
+    Entries of points this launch did not select are taken from the file as it is now, under
+    a lock, so launches of disjoint --only selections share one manifest without losing
+    each other's updates.
+    """
     self.updated = time.time()
-    d = dataclasses.asdict(self)
-    d.pop("sweep_dir")
     os.makedirs(self.sweep_dir, exist_ok=True)
-    tmp = self.path + ".tmp"
-    with open(tmp, "w") as f:
-      json.dump(d, f, indent=1, default=str)
-      f.write("\n")
-    os.replace(tmp, self.path)
+    with open(self.path + ".lock", "a") as lock:
+      fcntl.flock(lock, fcntl.LOCK_EX)
+      if self.selected is not None:
+        disk = load(self.sweep_dir)
+        theirs = {e.name: e for e in disk.points} if disk else {}
+        self.points = [e if self.mine(e) else theirs.get(e.name, e) for e in self.points]
+      d = dataclasses.asdict(self)
+      d.pop("sweep_dir")
+      d.pop("selected")
+      tmp = self.path + ".tmp"
+      with open(tmp, "w") as f:
+        json.dump(d, f, indent=1, default=str)
+        f.write("\n")
+      os.replace(tmp, self.path)
 
 
 def load(sweep_dir: str) -> Manifest | None:
@@ -129,8 +148,9 @@ def load(sweep_dir: str) -> Manifest | None:
 
 
 def open_sweep(sweep_dir: str, sweep: str, config: str, launcher: str,
-               points: list[Point]) -> Manifest:
-  """The manifest of `points`, carrying over what an earlier launch of the same sweep recorded.
+               points: list[Point], selected: set[str] | None = None) -> Manifest:
+  """The manifest of `points` (the whole sweep), carrying over what an earlier launch of the
+  same sweep recorded; this launch runs the `selected` names (None: all).
 
   A sweep directory belongs to one sweep of one config: another is refused. A point's status
   comes from its run directory first (done), else the manifest.
@@ -141,7 +161,7 @@ def open_sweep(sweep_dir: str, sweep: str, config: str, launcher: str,
                       f"{config}; use another --workdir")
   commit, dirty = git_commit(config.partition(":")[0])
   m = Manifest(sweep, config, launcher, sweep_dir, commit, dirty,
-               created=old.created if old else time.time())
+               created=old.created if old else time.time(), selected=selected)
   previous = {e.name: e for e in old.points} if old else {}
   for p in points:
     e = previous.get(p.name)
@@ -159,12 +179,13 @@ def open_sweep(sweep_dir: str, sweep: str, config: str, launcher: str,
 def progress_line(m: Manifest, t0: float, durations: list[float], parallel: int) -> str:
   """`sweep NAME: 3/12 done, 2 running, 1 failed, 6 pending | 4m10s, ETA 9m`."""
   c = m.counts()
+  total = sum(c.values())
   left = c[PENDING] + c[RUNNING] + c[PREEMPTED]
   eta = "?"
   if durations:
     mean = sum(durations) / len(durations)
     eta = _minutes(mean * left / max(1, parallel))
-  parts = [f"{c[DONE]}/{len(m.points)} done", f"{c[RUNNING]} running"]
+  parts = [f"{c[DONE]}/{total} done", f"{c[RUNNING]} running"]
   parts += [f"{c[s]} {s}" for s in (FAILED, PREEMPTED, PENDING) if c[s]]
   return (f"sweep {m.sweep}: {', '.join(parts)} | {_minutes(time.time() - t0)} elapsed"
           + (f", ETA {eta}" if left else ""))
