@@ -207,12 +207,7 @@ class LocalLauncher:
     return self.m.counts()
 
   def _run(self) -> None:
-    todo = [self.points[e.name] for e in self.m.points
-            if e.status != mf.DONE and e.name in self.points]
-    for e in self.m.points:  # a launcher that died left these 'running'
-      if e.status == mf.RUNNING and e.name in self.points:
-        e.status = mf.PREEMPTED
-    self.m.save()
+    todo = [self.points[e.name] for e in self.m.begin(self.points)]
     t0, shown = time.time(), (None, 0.0)  # (counts, time) of the last progress line
     queue = [p for p in todo if p.name not in self.build_bases(todo)]
     free = list(range(len(self.slots)))

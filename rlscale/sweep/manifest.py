@@ -108,6 +108,16 @@ class Manifest:
     """How many of this launch's points are in each status."""
     return {s: sum(e.status == s for e in self.points if self.mine(e)) for s in STATUSES}
 
+  def begin(self, names) -> list[Entry]:
+    """The entries of `names` a launch runs (not done), as it starts: one an earlier launcher
+    left 'running' is 'preempted' (it resumes), a failed one 'pending' again (it is retried;
+    its error stays until it restarts)."""
+    todo = [e for e in self.points if e.name in names and e.status != DONE]
+    for e in todo:
+      e.status = {RUNNING: PREEMPTED, FAILED: PENDING}.get(e.status, e.status)
+    self.save()
+    return todo
+
   def save(self) -> None:
     """Written whole to a temporary file, then renamed: a reader never sees half of it.
 

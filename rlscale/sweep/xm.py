@@ -214,12 +214,7 @@ class XMLauncher:
 
   async def _run(self) -> None:
     from xmanager import xm_local
-    todo = [self.points[e.name] for e in self.m.points
-            if e.status != mf.DONE and e.name in self.points]
-    for e in self.m.points:  # a launcher that died left these 'running'
-      if e.status == mf.RUNNING:
-        e.status = mf.PREEMPTED
-    self.m.save()
+    todo = [self.points[e.name] for e in self.m.begin(self.points)]
     if not todo:
       return
     loop = asyncio.get_running_loop()
