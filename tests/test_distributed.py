@@ -146,18 +146,15 @@ def check_like_one(name, one_dir, two_dir, one_summary):
     raise Float32HostSums("\n".join(rounded))
 
 
-def _two_processes_like_one(name, tmp_path, cache_dir, one=None):
-  """`one`: the single-process run (conftest's grpo_single_process_run), else run here."""
+def _two_processes_like_one(name, tmp_path, cache_dir):
   sys.path.insert(0, os.path.join(HERE, "workers"))
   import two_process_rl
 
   from rlscale import train
 
-  if one is None:  # one process, 8 devices; builds the SFT base into the cache if missing
-    one_dir = str(tmp_path / "one")
-    one_summary = train.main(two_process_rl.config(name, cache_dir), one_dir)
-  else:
-    one_dir, one_summary = one.run_dir, one.summary
+  # One process, 8 devices; builds the SFT base into the cache if missing.
+  one_dir = str(tmp_path / "one")
+  one_summary = train.main(two_process_rl.config(name, cache_dir), one_dir)
   bases = [n for n in os.listdir(cache_dir) if not n.endswith(".lock")]
   assert len(bases) == 1, bases
 
@@ -168,12 +165,9 @@ def _two_processes_like_one(name, tmp_path, cache_dir, one=None):
   check_like_one(name, one_dir, str(tmp_path / "two"), one_summary)
 
 
-@pytest.mark.slow
-def test_two_processes_grpo_like_one(tmp_path, grpo_single_process_run):
-  _two_processes_like_one("grpo.py", tmp_path, grpo_single_process_run.cache_dir,
-                          grpo_single_process_run)
-
-
+# GRPO as two processes: tests/test_sweep_slurm.py runs it as a Slurm point (the processes find
+# each other from SLURM_* variables) against conftest's grpo_single_process_run; PPO here
+# starts them from JAX_COORDINATOR_ADDRESS and friends.
 @pytest.mark.slow
 def test_two_processes_ppo_like_one(tmp_path, rl_base_cache):
   _two_processes_like_one("ppo.py", tmp_path, rl_base_cache)
