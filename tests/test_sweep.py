@@ -5,23 +5,17 @@ checkpoint and exit codes) through `launch/sweep.py --run_command=...`; test_swe
 real tiny points.
 """
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 from rlscale.batch import ConfigError
 from rlscale.sweep import axes as sw
-from rlscale.sweep import local, manifest, points
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-FAKE_CONFIG = os.path.join(HERE, "fixtures", "fake_sweep_config.py")
-FAKE_RUN = f"{sys.executable} {os.path.join(HERE, 'workers', 'fake_run.py')}"
+from rlscale.sweep import local, points
+from rlscale.sweep import manifest as mf
+from sweep_helpers import FAKE_CONFIG, REPO, fake_run_flag, manifest, starts, sweep_cli
 
 
 # --- declaration ---
@@ -61,7 +55,7 @@ def test_names_are_the_varying_overrides():
 
 
 @pytest.mark.parametrize("sweep, message", [
-    ("nope", "declares no such sweep; it declares bad_value, one_fails"),
+    ("nope", "declares no such sweep; it declares bad_value, long, mixed"),
     ("unknown_field", "override 'rl.num_promts': rl has no field 'num_promts'"),
     ("bad_value", "override steps='many': steps cannot hold it"),
     ("same_dir", "have the same run directory 'p=4,seed=0'"),
@@ -90,9 +84,7 @@ def test_shipped_sweeps_are_valid():
 
 
 def test_cli_refuses_bad_input_in_one_line(tmp_path):
-  out = subprocess.run([sys.executable, os.path.join(REPO, "launch", "sweep.py"),
-                        f"--config={FAKE_CONFIG}", "--sweep=unknown_field",
-                        f"--workdir={tmp_path}"], capture_output=True, text=True)
+  out = sweep_cli(tmp_path, "unknown_field")
   assert out.returncode == 2, out.stderr
   assert out.stderr.strip().splitlines()[-1].startswith("error: override 'rl.num_promts'")
   assert not os.listdir(tmp_path)  # nothing ran, no manifest
@@ -112,50 +104,41 @@ def test_device_slots():
 
 
 def _sweep(tmp_path, name, *flags, wait=True):
-  argv = [sys.executable, os.path.join(REPO, "launch", "sweep.py"), f"--config={FAKE_CONFIG}",
-          f"--sweep={name}", f"--workdir={tmp_path / 'sw'}", f"--run_command={FAKE_RUN}", *flags]
-  if not wait:
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-  return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+  return sweep_cli(tmp_path, name, fake_run_flag(), *flags, wait=wait)
 
 
-def _manifest(tmp_path):
-  with open(tmp_path / "sw" / "sweep.json") as f:
-    return json.load(f)
-
-
-def _starts(tmp_path, name):
-  with open(tmp_path / "sw" / name / "starts.txt") as f:
-    return f.read().split("\n")[:-1]
+def _steps(tmp_path, name):
+  """The step each start of the point began at."""
+  return [s[0] for s in starts(tmp_path, name)]
 
 
 def test_a_failed_point_never_stops_the_sweep_and_is_retried(tmp_path):
   out = _sweep(tmp_path, "one_fails", "--parallel=2")
   assert out.returncode == 1, out.stderr
-  m = _manifest(tmp_path)
+  m = manifest(tmp_path)
   assert [(p["name"], p["status"]) for p in m["points"]] == [
-      ("seed=0", "done"), ("seed=1", "done"), ("seed=2,fail=true", "failed")]
+      ("seed=0", "done"), ("seed=1", "done"), ("seed=2,fail_times=2", "failed")]
   assert m["sweep"] == "one_fails" and m["launcher"] == "local" and m["git_commit"]
   failed = m["points"][2]
   assert failed["returncode"] == 3 and failed["error"][0].startswith("exited 3;")
   assert failed["error"][-1] == "ValueError: this point is broken"
-  assert "failed: seed=2,fail=true: exited 3" in out.stderr
+  assert "failed: seed=2,fail_times=2: exited 3" in out.stderr
 
   again = _sweep(tmp_path, "one_fails", "--parallel=2")
   assert again.returncode == 1
-  assert _starts(tmp_path, "seed=0") == ["start 0"]  # done: not started again
-  assert _starts(tmp_path, "seed=2,fail=true") == ["start 0", "start 0"]  # retried
-  assert _manifest(tmp_path)["points"][2]["attempts"] == 2
+  assert _steps(tmp_path, "seed=0") == ["0"]  # done: not started again
+  assert _steps(tmp_path, "seed=2,fail_times=2") == ["0", "0"]  # retried
+  assert manifest(tmp_path)["points"][2]["attempts"] == 2
 
 
 def test_preempted_point_resumes_from_its_checkpoint(tmp_path):
   out = _sweep(tmp_path, "preempted_once")
   assert out.returncode == 75, out.stderr
-  assert _manifest(tmp_path)["points"][0]["status"] == "preempted"
+  assert manifest(tmp_path)["points"][0]["status"] == "preempted"
   out = _sweep(tmp_path, "preempted_once")
   assert out.returncode == 0, out.stderr
-  assert _starts(tmp_path, "seed=0,preempt_at=2") == ["start 0", "start 2"]
-  assert _manifest(tmp_path)["points"][0]["status"] == "done"
+  assert _steps(tmp_path, "seed=0,preempt_at=2") == ["0", "2"]
+  assert manifest(tmp_path)["points"][0]["status"] == "done"
 
 
 def test_another_sweep_in_the_same_directory_is_refused(tmp_path):
@@ -181,47 +164,47 @@ def test_killed_launcher_loses_nothing(tmp_path, how):
   out, _ = proc.communicate(timeout=60)
   if how == "SIGTERM":
     assert proc.returncode == 75, out
-    statuses = [p["status"] for p in _manifest(tmp_path)["points"]]
+    statuses = [p["status"] for p in manifest(tmp_path)["points"]]
     assert statuses[:2] == ["preempted", "preempted"] and statuses[2:] == ["pending", "pending"]
   again = _sweep(tmp_path, "slow", "--parallel=2")
   assert again.returncode == 0, again.stderr
   for i in range(4):
-    starts = _starts(tmp_path, f"seed={i}")
-    assert starts.count("start 0") == 1, (i, starts)
+    steps = _steps(tmp_path, f"seed={i}")
+    assert steps.count("0") == 1, (i, steps)
   for i in (0, 1):  # resumed from their checkpoints
-    assert len(_starts(tmp_path, f"seed={i}")) == 2
-  assert all(p["status"] == "done" for p in _manifest(tmp_path)["points"])
+    assert len(_steps(tmp_path, f"seed={i}")) == 2
+  assert all(p["status"] == "done" for p in manifest(tmp_path)["points"])
   again = _sweep(tmp_path, "slow", "--parallel=2")
   assert again.returncode == 0
-  assert all(len(_starts(tmp_path, f"seed={i}")) <= 2 for i in range(4))  # nothing ran
+  assert all(len(_steps(tmp_path, f"seed={i}")) <= 2 for i in range(4))  # nothing ran
 
 
 def test_manifest_rebuilt_from_run_directories(tmp_path):
   """A point whose run directory holds summary.json is done, whatever the manifest said."""
   pts = points.points(FAKE_CONFIG, "three", str(tmp_path))
-  m = manifest.open_sweep(str(tmp_path), "three", FAKE_CONFIG, "local", pts)
+  m = mf.open_sweep(str(tmp_path), "three", FAKE_CONFIG, "local", pts)
   m.save()
   os.makedirs(pts[1].run_dir)
   with open(os.path.join(pts[1].run_dir, "summary.json"), "w") as f:
     f.write("{}")
-  m = manifest.open_sweep(str(tmp_path), "three", FAKE_CONFIG, "local", pts)
+  m = mf.open_sweep(str(tmp_path), "three", FAKE_CONFIG, "local", pts)
   assert [e.status for e in m.points] == ["pending", "done", "pending"]
-  line = manifest.progress_line(m, time.time() - 65, [30.0], 2)
+  line = mf.progress_line(m, time.time() - 65, [30.0], 2)
   assert line == "sweep three: 1/3 done, 0 running, 2 pending | 1m05s elapsed, ETA 0m30s"
 
 
 def test_only_runs_a_subset_and_the_manifest_keeps_the_rest(tmp_path):
   assert _sweep(tmp_path, "three", "--only=seed=0").returncode == 0
-  statuses = [(p["name"], p["status"]) for p in _manifest(tmp_path)["points"]]
+  statuses = [(p["name"], p["status"]) for p in manifest(tmp_path)["points"]]
   assert statuses == [("seed=0", "done"), ("seed=1", "pending"), ("seed=2", "pending")]
   # A launch of another subset keeps the first one's entries (it writes only its own).
   pts = points.points(FAKE_CONFIG, "three", str(tmp_path / "sw"))
-  m = manifest.open_sweep(str(tmp_path / "sw"), "three", FAKE_CONFIG, "local", pts, {"seed=2"})
+  m = mf.open_sweep(str(tmp_path / "sw"), "three", FAKE_CONFIG, "local", pts, {"seed=2"})
   m.entry("seed=0").status = "failed"  # not this launch's to write
   m.entry("seed=2").status = "running"
   m.save()
-  statuses = [p["status"] for p in _manifest(tmp_path)["points"]]
+  statuses = [p["status"] for p in manifest(tmp_path)["points"]]
   assert statuses == ["done", "pending", "running"]
   out = _sweep(tmp_path, "three")
   assert out.returncode == 0, out.stderr
-  assert [len(_starts(tmp_path, f"seed={i}")) for i in range(3)] == [1, 1, 1]
+  assert [len(_steps(tmp_path, f"seed={i}")) for i in range(3)] == [1, 1, 1]

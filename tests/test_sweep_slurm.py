@@ -1,7 +1,7 @@
 """The Slurm launcher, offline: fake sbatch, srun, squeue, sacct and scontrol (tests/fake_slurm/)
 run each job here, at once, with Slurm's variables, and keep the jobs' states in a JSON file.
 
-The points are tests/fixtures/slurm_fake_run.py (a run of sleeps with rlscale's flags, checkpoint
+The points are tests/workers/fake_run.py (a run of sleeps with rlscale's flags, checkpoint
 and exit statuses), except in the slow test: a real GRPO point as two processes of one JAX job,
 whose metrics must match the same run in one process.
 """
@@ -9,19 +9,17 @@ whose metrics must match the same run in one process.
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from rlscale.batch import ConfigError
 from rlscale.sweep import manifest as mf
 from rlscale.sweep import points, slurm, slurm_config
+from sweep_helpers import FAKE_CONFIG, FAKE_RUN, starts, statuses, sweep_cli
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 FAKES = os.path.join(HERE, "fake_slurm")
-FAKE_CONFIG = os.path.join(HERE, "fixtures", "slurm_fake_config.py")
-FAKE_RUN = [sys.executable, os.path.join(HERE, "fixtures", "slurm_fake_run.py")]
 
 
 @pytest.fixture
@@ -38,12 +36,9 @@ def fake_slurm(tmp_path, monkeypatch):
   return state
 
 
-def sweep_cli(tmp_path, sweep, *flags, config=FAKE_CONFIG, env=None):
+def slurm_cli(tmp_path, sweep, *flags, **kwargs):
   """`launch/sweep.py --launcher=slurm` as a user runs it (the fakes' environment)."""
-  argv = [sys.executable, os.path.join(REPO, "launch", "sweep.py"), f"--config={config}",
-          f"--sweep={sweep}", "--launcher=slurm", f"--workdir={tmp_path / 'sw'}", *flags]
-  return subprocess.run(argv, capture_output=True, text=True, env=env or dict(os.environ),
-                        timeout=900)
+  return sweep_cli(tmp_path, sweep, "--launcher=slurm", *flags, **kwargs)
 
 
 def launcher(tmp_path, sweep, config=FAKE_CONFIG, parallel=0, **settings):
@@ -52,17 +47,6 @@ def launcher(tmp_path, sweep, config=FAKE_CONFIG, parallel=0, **settings):
   pts = points.points(config, sweep, str(tmp_path / "sw"))
   m = mf.open_sweep(str(tmp_path / "sw"), sweep, config, "slurm", pts)
   return slurm.SlurmLauncher(config, m, pts, parallel=parallel, command=FAKE_RUN, settings=s)
-
-
-def statuses(tmp_path):
-  with open(tmp_path / "sw" / "sweep.json") as f:
-    return {e["name"]: e for e in json.load(f)["points"]}
-
-
-def starts(tmp_path, point):
-  """starts.txt of a point: [(step, 'procid/ntasks', localid, port, restart count), ...]."""
-  with open(tmp_path / "sw" / point / "starts.txt") as f:
-    return [tuple(line.split()[1:]) for line in f]
 
 
 # --- the scripts ---
@@ -145,14 +129,14 @@ def test_command_line_settings_and_mistakes(tmp_path):
   with open(slurm_config.__file__) as f:
     site = f.read().replace('c.partition = ""', 'c.partition = "site"')
   (tmp_path / "mysite.py").write_text(site.replace('c.account = ""', 'c.account = "lab"'))
-  out = sweep_cli(tmp_path, "two", "--dry_run", f"--slurm={tmp_path / 'mysite.py'}",
+  out = slurm_cli(tmp_path, "two", "--dry_run", f"--slurm={tmp_path / 'mysite.py'}",
                   "--slurm.partition=debug", "--slurm.nodes=2", "--slurm.tasks_per_node=2",
                   "--parallel=1")
   assert out.returncode == 0, out.stderr
   assert "#SBATCH --partition=debug\n#SBATCH --account=lab\n" in out.stdout
   assert "#SBATCH --array=0-1%1\n" in out.stdout
   assert "srun --nodes=2 --ntasks=4 --ntasks-per-node=2" in out.stdout
-  out = sweep_cli(tmp_path, "two", "--dry_run", "--slurm.nodez=2")
+  out = slurm_cli(tmp_path, "two", "--dry_run", "--slurm.nodez=2")
   assert (out.returncode, out.stderr.strip()) == (2, "error: Unknown command line flag "
                                                      "'slurm.nodez'")
   assert not os.path.exists(tmp_path / "sw")
@@ -164,7 +148,7 @@ def test_sweep_submits_requeues_and_retries(tmp_path, fake_slurm):
   """seed=0 runs through; seed=1 fails (then succeeds when retried); seed=2 exits 75 once and
   its task requeues itself and resumes from the checkpoint."""
   run = ["--run_command=" + " ".join(FAKE_RUN), "--parallel=2"]
-  out = sweep_cli(tmp_path, "mixed", *run)
+  out = slurm_cli(tmp_path, "mixed", *run)
   assert out.returncode == 1, out.stderr  # a point failed
   assert "submitted 3 points as job array 1000" in out.stdout
   got = statuses(tmp_path)
@@ -182,7 +166,7 @@ def test_sweep_submits_requeues_and_retries(tmp_path, fake_slurm):
   assert "# preempted (exit 75): requeueing 1000_2" in log
 
   # Again: only the failed point is submitted, and now it runs through.
-  out = sweep_cli(tmp_path, "mixed", *run)
+  out = slurm_cli(tmp_path, "mixed", *run)
   assert out.returncode == 0, out.stderr
   assert fake_slurm()["submissions"][1]["options"]["array"] == "1%2"
   got = statuses(tmp_path)
@@ -269,7 +253,7 @@ def test_two_process_point_matches_one_process(tmp_path, grpo_single_process_run
   env = dict(os.environ, PATH=FAKES + os.pathsep + os.environ["PATH"], PYTHONPATH=REPO,
              FAKE_SLURM_STATE=str(tmp_path / "slurm.json"), JAX_PLATFORMS="cpu",
              XLA_FLAGS="--xla_force_host_platform_device_count=4")
-  out = sweep_cli(tmp_path, "two_process", "--slurm.tasks_per_node=2", config=config, env=env)
+  out = slurm_cli(tmp_path, "two_process", "--slurm.tasks_per_node=2", config=config, env=env)
   run_dir = tmp_path / "sw" / "num_steps=2"
   log = open(run_dir / "launch.log").read() if os.path.exists(run_dir / "launch.log") else ""
   assert out.returncode == 0, out.stdout + out.stderr + log[-5000:]

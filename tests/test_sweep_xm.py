@@ -5,9 +5,7 @@ HOME is a fresh directory in every test: a sweep must write nothing there (xm_lo
 goes to the sweep directory).
 """
 
-import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -17,13 +15,11 @@ pytest.importorskip("xmanager")
 from xmanager import xm, xm_mock  # noqa: E402
 
 from rlscale.batch import ConfigError  # noqa: E402
-from rlscale.sweep import manifest, points  # noqa: E402
+from rlscale.sweep import manifest as mf  # noqa: E402
+from rlscale.sweep import points  # noqa: E402
 from rlscale.sweep import xm as xm_launcher  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-FAKE_CONFIG = os.path.join(HERE, "fixtures", "fake_sweep_config.py")
-FAKE_RUN = f"{sys.executable} {os.path.join(HERE, 'workers', 'fake_run.py')}"
+from sweep_helpers import FAKE_CONFIG, fake_run_flag, manifest, starts, sweep_cli  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -57,8 +53,8 @@ def test_each_work_unit_runs_its_point(tmp_path):
 
 def test_dry_run_prints_a_line_per_work_unit(tmp_path):
   pts = points.points(FAKE_CONFIG, "three", str(tmp_path / "sw"))
-  m = manifest.Manifest("three", FAKE_CONFIG, "xm", str(tmp_path / "sw"))
-  m.points = [manifest.Entry(p.name, p.overrides, p.run_dir) for p in pts]
+  m = mf.Manifest("three", FAKE_CONFIG, "xm", str(tmp_path / "sw"))
+  m.points = [mf.Entry(p.name, p.overrides, p.run_dir) for p in pts]
   launcher = xm_launcher.XMLauncher(FAKE_CONFIG, m, pts, parallel=2, command=["run"],
                                     slots=[{"gpus": ["0"]}, {"gpus": ["1"]}])
   lines = launcher.dry_run().splitlines()
@@ -77,36 +73,23 @@ def test_without_xmanager_the_launcher_says_how_to_install_it(monkeypatch):
 
 
 def _sweep(tmp_path, name, *flags):
-  argv = [sys.executable, os.path.join(REPO, "launch", "sweep.py"), f"--config={FAKE_CONFIG}",
-          f"--sweep={name}", f"--workdir={tmp_path / 'sw'}", f"--run_command={FAKE_RUN}",
-          "--launcher=xm", *flags]
-  return subprocess.run(argv, capture_output=True, text=True, timeout=120)
-
-
-def _manifest(tmp_path):
-  with open(tmp_path / "sw" / "sweep.json") as f:
-    return json.load(f)
-
-
-def _starts(tmp_path, name):
-  with open(tmp_path / "sw" / name / "starts.txt") as f:
-    return f.read().split("\n")[:-1]
+  return sweep_cli(tmp_path, name, fake_run_flag(), "--launcher=xm", *flags)
 
 
 def test_local_executor_runs_the_sweep_and_a_rerun_skips_done_points(tmp_path, home):
   out = _sweep(tmp_path, "one_fails", "--parallel=2")
   assert out.returncode == 1, out.stderr
-  m = _manifest(tmp_path)
+  m = manifest(tmp_path)
   assert m["launcher"] == "xm"
   assert [(p["name"], p["status"]) for p in m["points"]] == [
-      ("seed=0", "done"), ("seed=1", "done"), ("seed=2,fail=true", "failed")]
+      ("seed=0", "done"), ("seed=1", "done"), ("seed=2,fail_times=2", "failed")]
   ids = [p["job_id"] for p in m["points"]]  # <experiment id>/<work unit id>
   assert len({i.split("/")[0] for i in ids}) == 1 and sorted(i.split("/")[1] for i in ids) == [
       "1", "2", "3"]
   failed = m["points"][2]
   assert failed["returncode"] == 3 and failed["error"][0].startswith("exited 3;")
   assert failed["error"][-1] == "ValueError: this point is broken"
-  assert "failed: seed=2,fail=true: exited 3" in out.stderr
+  assert "failed: seed=2,fail_times=2: exited 3" in out.stderr
   with open(tmp_path / "sw" / "seed=0" / "launch.log") as f:
     assert f.read().rstrip().endswith("done")
   assert os.path.exists(tmp_path / "sw" / "xm" / "experiments.sqlite3")
@@ -114,9 +97,9 @@ def test_local_executor_runs_the_sweep_and_a_rerun_skips_done_points(tmp_path, h
 
   again = _sweep(tmp_path, "one_fails", "--parallel=2")
   assert again.returncode == 1, again.stderr
-  assert _starts(tmp_path, "seed=0") == ["start 0"]  # done: no work unit
-  assert _starts(tmp_path, "seed=2,fail=true") == ["start 0", "start 0"]  # retried
-  m2 = _manifest(tmp_path)
+  assert [s[0] for s in starts(tmp_path, "seed=0")] == ["0"]  # done: no work unit
+  assert [s[0] for s in starts(tmp_path, "seed=2,fail_times=2")] == ["0", "0"]  # retried
+  m2 = manifest(tmp_path)
   assert m2["points"][2]["attempts"] == 2 and m2["points"][0]["job_id"] == ids[0]
   assert m2["points"][2]["job_id"].split("/")[1] == "1"  # the only unit of a new experiment
   assert os.listdir(home) == []
@@ -124,7 +107,7 @@ def test_local_executor_runs_the_sweep_and_a_rerun_skips_done_points(tmp_path, h
 
 def test_a_units_exit_status_becomes_its_points_status(tmp_path):
   pts = points.points(FAKE_CONFIG, "three", str(tmp_path / "sw"))
-  m = manifest.open_sweep(str(tmp_path / "sw"), "three", FAKE_CONFIG, "xm", pts)
+  m = mf.open_sweep(str(tmp_path / "sw"), "three", FAKE_CONFIG, "xm", pts)
   launcher = xm_launcher.XMLauncher(FAKE_CONFIG, m, pts, slots=[{}])
   e = m.points[0]
   e.started = 0.0

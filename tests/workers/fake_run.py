@@ -1,8 +1,12 @@
-"""A stand-in for `python -m rlscale` in launcher tests: the same flags, a run of sleeps.
+"""A stand-in for `python -m rlscale` in the launchers' tests: rlscale's flags and exit statuses,
+a run of sleeps (tests/fixtures/fake_sweep_config.py declares its sweeps).
 
-It keeps what a real run keeps: the workdir lock, a checkpoint (the step, in `step`), resume
-from it, exit 75 after saving on SIGTERM or SIGUSR2, summary.json when done. Each start
-appends `start <step>` to `starts.txt`, so a test sees whether a point restarted from scratch.
+Like a real run it holds the workdir lock, keeps a checkpoint (the step, in `step`) and resumes
+from it, saves and exits 75 on SIGTERM or SIGUSR2, and writes summary.json when done; only
+process 0 (SLURM_PROCID) locks and writes.
+Every process appends `start <step> <SLURM_PROCID>/<SLURM_NTASKS> <SLURM_LOCALID>
+<JAX_COORDINATOR_PORT> <SLURM_RESTART_COUNT>` to starts.txt, so a test sees how it was started.
+With --base_policy_only it prints a line and exits: 0, or 1 when FAKE_BASE_FAILS is set.
 """
 
 import fcntl
@@ -18,31 +22,42 @@ signal.signal(signal.SIGUSR2, lambda *a: stop.append(1))
 
 args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if "=" in a)
 if "--base_policy_only" in sys.argv:
-  sys.exit(0)
+  print("building the base policy", flush=True)
+  sys.exit(1 if os.environ.get("FAKE_BASE_FAILS") else 0)
 workdir = args["workdir"]
 fields = {k[len("config."):]: v for k, v in args.items() if k.startswith("config.")}
-steps, delay = int(fields.get("steps", 3)), float(fields.get("delay", 0.05))
+steps, delay = int(fields.get("steps", 3)), float(fields.get("delay", 0.02))
+env = os.environ
+first = env.get("SLURM_PROCID", "0") == "0"
 os.makedirs(workdir, exist_ok=True)
-lock = open(os.path.join(workdir, ".lock"), "a")
-fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+if first:
+  lock = open(os.path.join(workdir, ".lock"), "a")
+  fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
 step_file = os.path.join(workdir, "step")
 step = int(open(step_file).read()) if os.path.exists(step_file) else 0
-with open(os.path.join(workdir, "starts.txt"), "a") as f:
-  f.write(f"start {step}\n")
-if fields.get("fail") == "True":
+starts = os.path.join(workdir, "starts.txt")
+previous = open(starts).read().count("start") if os.path.exists(starts) else 0
+with open(starts, "a") as f:
+  f.write(f"start {step} {env.get('SLURM_PROCID')}/{env.get('SLURM_NTASKS')} "
+          f"{env.get('SLURM_LOCALID')} {env.get('JAX_COORDINATOR_PORT')} "
+          f"{env.get('SLURM_RESTART_COUNT')}\n")
+if previous < int(fields.get("fail_times", 0)):
   print("Traceback (most recent call last):\nValueError: this point is broken", flush=True)
   sys.exit(3)
 preempt_at = int(fields.get("preempt_at", 0))
 while step < steps:
   time.sleep(delay)
   step += 1
-  with open(step_file, "w") as f:
-    f.write(str(step))
-  first = not os.path.exists(os.path.join(workdir, "preempted"))
-  if stop or (step == preempt_at and first):
-    open(os.path.join(workdir, "preempted"), "w").close()
+  if first:
+    with open(step_file, "w") as f:
+      f.write(str(step))
+  preempted = os.path.join(workdir, "preempted")
+  if stop or (step == preempt_at and not os.path.exists(preempted)):
+    if first:
+      open(preempted, "w").close()
     print(f"preempted: saved step {step}", flush=True)
     sys.exit(75)
-with open(os.path.join(workdir, "summary.json"), "w") as f:
-  json.dump({"step": step, "fields": fields}, f)
+if first:
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump({"step": step, "fields": fields}, f)
 print("done", flush=True)
