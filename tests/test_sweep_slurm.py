@@ -14,7 +14,7 @@ import pytest
 
 from rlscale.batch import ConfigError
 from rlscale.sweep import manifest as mf
-from rlscale.sweep import points, slurm, slurm_config
+from rlscale.sweep import points, slurm, slurm_config, slurm_queue, slurm_settings
 from sweep_helpers import FAKE_CONFIG, FAKE_RUN, starts, statuses, sweep_cli
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -103,7 +103,7 @@ def test_bad_settings_are_refused_naming_the_field(settings, message):
   s = slurm_config.get_config()
   s.update(settings)
   with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
-    slurm.check(s)
+    slurm_settings.check(s)
 
 
 def test_a_site_file_needs_every_field():
@@ -112,16 +112,16 @@ def test_a_site_file_needs_every_field():
   s.gpu_type = "h100"
   with pytest.raises(ConfigError, match="--slurm: the settings lack qos and have unknown "
                                         "gpu_type; start a site file from"):
-    slurm.check(s)
+    slurm_settings.check(s)
 
 
 def test_times_and_array_specs():
-  assert [slurm.time_seconds(t) for t in ("30", "30:15", "4:00:00", "1-2", "1-00:01",
+  assert [slurm_settings.time_seconds(t) for t in ("30", "30:15", "4:00:00", "1-2", "1-00:01",
                                           "2-00:00:05")] == [1800, 1815, 14400, 93600, 86460,
                                                              172805]
-  assert slurm.array_spec([0, 1, 2, 4, 6, 7], 3) == "0-2,4,6-7%3"
-  assert slurm.expand_array("12_[0-2,5%2]") == ["12_0", "12_1", "12_2", "12_5"]
-  assert slurm.expand_array("12_3") == ["12_3"]
+  assert slurm_queue.array_spec([0, 1, 2, 4, 6, 7], 3) == "0-2,4,6-7%3"
+  assert slurm_queue.expand_array("12_[0-2,5%2]") == ["12_0", "12_1", "12_2", "12_5"]
+  assert slurm_queue.expand_array("12_3") == ["12_3"]
 
 
 def test_command_line_settings_and_mistakes(tmp_path):

@@ -22,217 +22,33 @@ a preemption or a node failure too.
 `run()` submits and returns; sweep.json records each point's job (`<array job>_<task>`). Run the
 same command again to see where they stand (squeue for live jobs, sacct for finished ones):
 queued or running jobs are left alone, points that failed or were preempted are submitted again
-(resuming their checkpoints), done points are skipped.
+(resuming their checkpoints), done points are skipped. The settings and their checks are in
+slurm_settings.py, what squeue and sacct say in slurm_queue.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import getpass
 import os
 import re
 import shlex
 import shutil
 import subprocess
-import sys
 import time
-import warnings
 
-from absl import flags, logging
-from ml_collections import config_flags
+from absl import logging
 
 from rlscale.batch import ConfigError
 from rlscale.preemption import EXIT_REQUEUE
 from rlscale.sweep import manifest as mf
 from rlscale.sweep.points import Point
-
-DEFAULT_SETTINGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm_config.py")
-
-
-def _define_flag():
-  """--slurm, a config file (the shipped one by default) with --slurm.<field> overrides.
-
-  config_flags applies the overrides in sys.argv as the flag is defined, at import: one that
-  names no field would be a traceback there. Such an override is kept from config_flags, so
-  that absl refuses it in one line as an unknown flag.
-  """
-  from rlscale.sweep import slurm_config
-  fields = set(slurm_config.get_config())
-  argv = [a for a in sys.argv
-          if not (m := re.match(r"--?(?:no)?slurm\.([^=]+)", a)) or m.group(1) in fields]
-  with warnings.catch_warnings():  # config_flags loads the file with importlib's load_module
-    warnings.filterwarnings("ignore", "the load_module", DeprecationWarning)
-    return config_flags.DEFINE_config_file(
-        "slurm", DEFAULT_SETTINGS, "the Slurm launcher's settings: a file like "
-        "rlscale/sweep/slurm_config.py, its fields overridden as --slurm.partition=gpu",
-        lock_config=True, sys_argv=None if argv == sys.argv else argv)
-
-
-_SLURM = _define_flag()
+from rlscale.sweep.slurm_queue import QUEUED, JobState, array_spec, job_states
+from rlscale.sweep.slurm_settings import check, current_settings
 
 # After the first process of a point ends, the others get this long to end too (finish a save)
 # before srun stops them: a process left alone in a collective would hold the nodes until the
 # time limit.
 SRUN_WAIT_S = 300
-# sacct/squeue states of a job that is still queued or running: left alone.
-QUEUED = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING",
-          "COMPLETING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
-_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
-_NAME = re.compile(r"[A-Za-z0-9_.,:+-]+")
 _JOB = re.compile(r"\d+_\d+")  # what this launcher records: <array job>_<task>
-
-
-def current_settings():
-  """The --slurm settings, or the shipped defaults when flags were not parsed (a library call)."""
-  if flags.FLAGS.is_parsed():
-    try:
-      _SLURM.value.get("nodes")
-    except OSError as e:  # config_flags keeps a file it could not load until it is read
-      lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-      raise ConfigError(f"--slurm={flags.FLAGS['slurm'].config_filename}: cannot load it "
-                        f"({lines[-1]})") from e
-    return _SLURM.value
-  from rlscale.sweep import slurm_config
-  return slurm_config.get_config()
-
-
-def time_seconds(text: str) -> int:
-  """Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S -> seconds."""
-  m = _TIME.fullmatch(text.strip())
-  if not m:
-    raise ValueError(text)
-  days, a, b, c = m.groups()
-  nums = [int(x) for x in (a, b, c) if x is not None]
-  if days is not None:  # D-H, D-H:M, D-H:M:S
-    h, mi, s = (nums + [0, 0])[:3]
-  elif len(nums) == 3:
-    h, mi, s = nums
-  else:  # M, M:S
-    h, (mi, s) = 0, (nums + [0])[:2]
-  return ((int(days or 0) * 24 + h) * 60 + mi) * 60 + s
-
-
-def check(s) -> None:
-  """Refuse a setting Slurm would reject or a run could not use, in one line naming it."""
-  def bad(field, why):
-    raise ConfigError(f"--slurm.{field}={s[field]!r}: {why}")
-  from rlscale.sweep import slurm_config
-  want, have = set(slurm_config.get_config()), set(s)
-  if want != have:
-    missing, unknown = sorted(want - have), sorted(have - want)
-    raise ConfigError(f"--slurm: the settings {'lack ' + ', '.join(missing) if missing else ''}"
-                      f"{' and ' if missing and unknown else ''}"
-                      f"{'have unknown ' + ', '.join(unknown) if unknown else ''}; start a site "
-                      "file from rlscale/sweep/slurm_config.py")
-  for field, least in (("nodes", 1), ("tasks_per_node", 1), ("gpus_per_node", 0),
-                       ("cpus_per_task", 0), ("signal_seconds", 0), ("max_requeues", 0)):
-    if not isinstance(s[field], int) or s[field] < least:
-      bad(field, f"must be an integer >= {least}")
-  gpus, tasks = s.gpus_per_node, s.tasks_per_node
-  if gpus and tasks not in (1, gpus):
-    bad("tasks_per_node", f"with gpus_per_node={gpus}, give 1 (one process per node, driving "
-        f"all its GPUs) or {gpus} (one process per GPU)")
-  if s.signal_seconds > 65535:
-    bad("signal_seconds", "Slurm's --signal allows at most 65535 seconds")
-  if s.mem and not re.fullmatch(r"\d+[KMGT]?", s.mem):
-    bad("mem", "give a size like 64G, 500M or 0 (all of the node's memory)")
-  if s.time:
-    try:
-      limit = time_seconds(s.time)
-    except ValueError:
-      bad("time", "give minutes or [days-]hours:minutes:seconds, e.g. 4:00:00 or 1-00:00:00")
-    if limit <= s.signal_seconds:
-      bad("time", f"the runs are signalled signal_seconds={s.signal_seconds} before the limit; "
-          "give a longer time or fewer signal_seconds")
-  for field in ("partition", "account", "qos", "job_name"):
-    if s[field] and not _NAME.fullmatch(s[field]):
-      bad(field, "letters, digits and _.,:+- only")
-  if re.search(r"\s", s.constraint):
-    bad("constraint", "no spaces: features joined by & or |, e.g. h100&ib")
-  for field in ("sbatch_args", "srun_args"):
-    try:
-      args = shlex.split(s[field])
-    except ValueError as e:
-      bad(field, f"not shell words: {e}")
-    for a in args:
-      if not a.startswith("-"):
-        bad(field, f"{a!r} is not an option; write each as --name=value")
-
-
-def array_spec(indices: list[int], parallel: int) -> str:
-  """`0-3,5,7-9%2`: the task indices as Slurm's ranges, with the limit on tasks at once."""
-  parts, start = [], None
-  for k, i in enumerate(indices):
-    if start is None:
-      start = i
-    if k + 1 == len(indices) or indices[k + 1] != i + 1:
-      parts.append(str(i) if i == start else f"{start}-{i}")
-      start = None
-  return ",".join(parts) + (f"%{parallel}" if parallel else "")
-
-
-def expand_array(job_id: str) -> list[str]:
-  """sacct's line for pending tasks, `12_[0-2,5%2]` -> 12_0, 12_1, 12_2, 12_5; others as given."""
-  m = re.fullmatch(r"(\d+)_\[([^\]]*)\]", job_id)
-  if not m:
-    return [job_id]
-  out = []
-  for part in m.group(2).split("%")[0].split(","):
-    lo, _, hi = part.partition("-")
-    if lo.isdigit():
-      out += [f"{m.group(1)}_{i}" for i in range(int(lo), int(hi or lo) + 1)]
-  return out
-
-
-@dataclasses.dataclass
-class JobState:
-  state: str  # sacct/squeue's, first word: CANCELLED for `CANCELLED by 1234`
-  returncode: int | None = None  # the exit status, or -signal
-  elapsed_s: float | None = None
-
-
-def _returncode(exit_code: str) -> int | None:
-  code, _, signal = exit_code.partition(":")
-  if not code.isdigit():
-    return None
-  return -int(signal) if int(code) == 0 and signal.isdigit() and int(signal) else int(code)
-
-
-def job_states(job_ids: list[str]) -> dict[str, JobState]:
-  """Where each job (`<array job>_<task>` or a job id) stands: squeue for live jobs (always
-  current), else sacct (the history, when accounting is on). A job neither knows is left out."""
-  arrays = sorted({j.partition("_")[0] for j in job_ids})
-  states: dict[str, JobState] = {}
-  out = _query(["sacct", "-n", "-P", "-X", "-j", ",".join(arrays),
-                "--format=JobID,State,ExitCode,ElapsedRaw"])
-  for line in out.splitlines():
-    fields = line.strip().split("|")
-    if len(fields) < 2 or "." in fields[0]:
-      continue
-    rc = _returncode(fields[2]) if len(fields) > 2 else None
-    elapsed = float(fields[3]) if len(fields) > 3 and fields[3].isdigit() else None
-    for j in expand_array(fields[0]):
-      states[j] = JobState(fields[1].split()[0] if fields[1].strip() else "UNKNOWN", rc, elapsed)
-  out = _query(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i %T"])
-  for line in out.splitlines():
-    fields = line.split()
-    if len(fields) == 2 and fields[0].partition("_")[0] in arrays:
-      for j in expand_array(fields[0]):
-        states[j] = JobState(fields[1], None, None)
-  return {j: states[j] for j in job_ids if j in states}
-
-
-def _query(argv: list[str]) -> str:
-  """A status command's output; '' when it is missing or fails (sacct without accounting)."""
-  try:
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-  except (OSError, subprocess.SubprocessError) as e:
-    logging.warning("sweep: %s failed: %s", argv[0], e)
-    return ""
-  if out.returncode:
-    logging.warning("sweep: %s exited %d: %s", shlex.join(argv), out.returncode,
-                    out.stderr.strip()[-300:])
-  return out.stdout
 
 
 def _points(n: int) -> str:
