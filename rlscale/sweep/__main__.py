@@ -2,4 +2,5 @@
 
 from rlscale.sweep import cli
 
-cli.main()
+if __name__ == "__main__":
+  cli.main()

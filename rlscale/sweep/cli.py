@@ -26,20 +26,31 @@ from rlscale.sweep import slurm, xm  # noqa: F401
 
 LAUNCHERS = ("local", "slurm", "xm")
 
-_CONFIG = flags.DEFINE_string("config", None, "experiment config file[:arg] declaring sweeps()")
-_SWEEP = flags.DEFINE_string("sweep", None, "the name of one of the config's sweeps")
-_WORKDIR = flags.DEFINE_string("workdir", None, "the sweep's directory (default: "
-                               "runs/<config>-<sweep>); a run directory per point inside")
-_LAUNCHER = flags.DEFINE_enum("launcher", "local", LAUNCHERS, "where the points run")
-_PARALLEL = flags.DEFINE_integer("parallel", None, "points running at once (local, xm: each "
-                                 "on its own devices, default 1; slurm: the job array's limit, "
-                                 "default 0: none)")
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "print what would run (commands, scripts, "
-                             "work units) and run nothing")
-_ONLY = flags.DEFINE_string("only", None, "only the points whose name matches this regex")
-_COMMAND = flags.DEFINE_string("run_command", None, "what runs one point, before its flags "
-                               "(default: this Python's `-m rlscale`); e.g. a container wrapper")
-flags.DEFINE_bool("verbose", False, "on bad input, show the traceback too")
+_FLAGS: dict = {}  # name -> absl flag holder, defined by main(): rlscale.main has --config too
+
+
+def define_flags() -> None:
+  """The command's flags, defined when it runs (not at import: a process that imports both
+  this and rlscale.main, e.g. a test, would define --config and --workdir twice)."""
+  if _FLAGS:
+    return
+  _FLAGS.update(
+      config=flags.DEFINE_string("config", None, "experiment config file[:arg] declaring "
+                                 "sweeps()"),
+      sweep=flags.DEFINE_string("sweep", None, "the name of one of the config's sweeps"),
+      workdir=flags.DEFINE_string("workdir", None, "the sweep's directory (default: "
+                                  "runs/<config>-<sweep>); a run directory per point inside"),
+      launcher=flags.DEFINE_enum("launcher", "local", LAUNCHERS, "where the points run"),
+      parallel=flags.DEFINE_integer("parallel", None, "points running at once (local, xm: "
+                                    "each on its own devices, default 1; slurm: the job "
+                                    "array's limit, default 0: none)"),
+      dry_run=flags.DEFINE_bool("dry_run", False, "print what would run (commands, scripts, "
+                                "work units) and run nothing"),
+      only=flags.DEFINE_string("only", None, "only the points whose name matches this regex"),
+      run_command=flags.DEFINE_string("run_command", None, "what runs one point, before its "
+                                      "flags (default: this Python's `-m rlscale`); e.g. a "
+                                      "container wrapper"),
+      verbose=flags.DEFINE_bool("verbose", False, "on bad input, show the traceback too"))
 
 
 def default_workdir(config: str, sweep: str) -> str:
@@ -64,7 +75,8 @@ def selected_points(config: str, sweep: str, workdir: str, only: str | None):
 
 
 def command() -> list[str]:
-  return shlex.split(_COMMAND.value) if _COMMAND.value else [sys.executable, "-m", "rlscale"]
+  text = _FLAGS["run_command"].value
+  return shlex.split(text) if text else [sys.executable, "-m", "rlscale"]
 
 
 def launcher(kind: str, config: str, m, pts, parallel: int):
@@ -80,25 +92,26 @@ def launcher(kind: str, config: str, m, pts, parallel: int):
 def run(argv) -> int:
   del argv
   from rlscale.sweep import manifest as mf
-  if not _CONFIG.value or not _SWEEP.value:
+  v = {k: holder.value for k, holder in _FLAGS.items()}
+  if not v["config"] or not v["sweep"]:
     raise ConfigError("--config and --sweep are required, e.g. --config=configs/grpo.py:tiny "
                       "--sweep=batch_invariance")
-  parallel = _PARALLEL.value
+  parallel = v["parallel"]
   if parallel is None:
-    parallel = 0 if _LAUNCHER.value == "slurm" else 1
-  if parallel < 0 or (_LAUNCHER.value != "slurm" and parallel < 1):
+    parallel = 0 if v["launcher"] == "slurm" else 1
+  if parallel < 0 or (v["launcher"] != "slurm" and parallel < 1):
     raise ConfigError(f"--parallel={parallel} must be a positive integer"
-                      + (" (or 0: no limit)" if _LAUNCHER.value == "slurm" else ""))
-  workdir = _WORKDIR.value or default_workdir(_CONFIG.value, _SWEEP.value)
-  every, pts = selected_points(_CONFIG.value, _SWEEP.value, workdir, _ONLY.value)
-  if _DRY_RUN.value:
-    m = mf.Manifest(_SWEEP.value, _CONFIG.value, _LAUNCHER.value, workdir)
+                      + (" (or 0: no limit)" if v["launcher"] == "slurm" else ""))
+  workdir = v["workdir"] or default_workdir(v["config"], v["sweep"])
+  every, pts = selected_points(v["config"], v["sweep"], workdir, v["only"])
+  if v["dry_run"]:
+    m = mf.Manifest(v["sweep"], v["config"], v["launcher"], workdir)
     m.points = [mf.Entry(p.name, p.overrides, p.run_dir) for p in pts]
-    print(launcher(_LAUNCHER.value, _CONFIG.value, m, pts, parallel).dry_run())
+    print(launcher(v["launcher"], v["config"], m, pts, parallel).dry_run())
     return 0
-  m = mf.open_sweep(workdir, _SWEEP.value, _CONFIG.value, _LAUNCHER.value, every,
-                   {p.name for p in pts} if _ONLY.value else None)
-  runner = launcher(_LAUNCHER.value, _CONFIG.value, m, pts, parallel)  # may refuse: no manifest
+  m = mf.open_sweep(workdir, v["sweep"], v["config"], v["launcher"], every,
+                   {p.name for p in pts} if v["only"] else None)
+  runner = launcher(v["launcher"], v["config"], m, pts, parallel)  # may refuse: no manifest
   m.save()
   logging.info("sweep %s of %s: %d points in %s (%d done), launcher %s", m.sweep, m.config,
                len(pts), workdir, m.counts()[mf.DONE], m.launcher)
@@ -114,6 +127,7 @@ def run(argv) -> int:
 
 
 def main() -> None:
+  define_flags()
   verbose = command_line.verbose(sys.argv)
   try:
     app.run(lambda argv: sys.exit(run(argv)), flags_parser=command_line.parse_flags)
