@@ -27,7 +27,6 @@ from absl import logging
 
 from rlscale import workdir_lock
 from rlscale.batch import ConfigError
-from rlscale.preemption import EXIT_REQUEUE
 from rlscale.sweep import manifest as mf
 from rlscale.sweep.points import Point
 
@@ -170,16 +169,9 @@ class LocalLauncher:
 
   def _finish(self, name: str, rc: int) -> None:
     e = self.m.entry(name)
-    e.returncode, e.duration_s = rc, round(time.time() - e.started, 1)
-    if rc == 0 and mf.run_done(e.run_dir):
-      e.status, e.error = mf.DONE, []
+    mf.finish(e, rc, self.stopping)
+    if e.status == mf.DONE:
       self.durations.append(e.duration_s)
-    elif rc == EXIT_REQUEUE or (self.stopping and rc < 0):
-      e.status, e.error = mf.PREEMPTED, []
-    else:
-      e.status = mf.FAILED
-      why = "exited 0 without writing summary.json" if rc == 0 else f"exited {rc}"
-      e.error = [f"{why}; {mf.log_path(e.run_dir)}:"] + mf.tail(mf.log_path(e.run_dir))
     self.m.save()
 
   def _stop(self, signum, frame) -> None:

@@ -46,6 +46,23 @@ class Entry:
   error: list[str] = dataclasses.field(default_factory=list)
 
 
+def finish(e: "Entry", rc: int | None, stopping: bool) -> None:
+  """A point's run ended with exit status `rc` (None: unknown): done when its run directory
+  says so, preempted on 75 (or a signal while the launcher stops), else failed with why."""
+  from rlscale.preemption import EXIT_REQUEUE
+  e.returncode = rc
+  e.duration_s = round(time.time() - e.started, 1) if e.started is not None else None
+  if run_done(e.run_dir) and (rc == 0 or stopping):
+    e.status, e.error = DONE, []
+  elif rc == EXIT_REQUEUE or (stopping and rc is not None and rc < 0):
+    e.status, e.error = PREEMPTED, []
+  else:
+    e.status = FAILED
+    if rc is not None:
+      why = "exited 0 without writing summary.json" if rc == 0 else f"exited {rc}"
+      e.error = [f"{why}; {log_path(e.run_dir)}:"] + tail(log_path(e.run_dir))
+
+
 def run_done(run_dir: str) -> bool:
   """A run is done when it wrote summary.json (rl_loop and sft write it last)."""
   return os.path.exists(os.path.join(run_dir, "summary.json"))

@@ -40,7 +40,6 @@ from absl import flags, logging
 
 from rlscale import workdir_lock
 from rlscale.batch import ConfigError
-from rlscale.preemption import EXIT_REQUEUE
 from rlscale.sweep import local
 from rlscale.sweep import manifest as mf
 from rlscale.sweep.points import Point, base_key
@@ -300,17 +299,9 @@ class XMLauncher:
       self._finish(e, rc)
 
   def _finish(self, e: mf.Entry, rc: int | None) -> None:
-    e.returncode, e.duration_s = rc, round(time.time() - e.started, 1)
-    if mf.run_done(e.run_dir) and (rc == 0 or self.stopping):
-      e.status, e.error = mf.DONE, []
+    mf.finish(e, rc, self.stopping)
+    if e.status == mf.DONE:
       self.durations.append(e.duration_s)
-    elif rc == EXIT_REQUEUE or (self.stopping and rc is not None and rc < 0):
-      e.status, e.error = mf.PREEMPTED, []
-    else:
-      e.status = mf.FAILED
-      if rc is not None:
-        why = "exited 0 without writing summary.json" if rc == 0 else f"exited {rc}"
-        e.error = [f"{why}; {mf.log_path(e.run_dir)}:"] + mf.tail(mf.log_path(e.run_dir))
     self.m.save()
     logging.info("%s", mf.progress_line(self.m, self.t0, self.durations, self.parallel))
 
