@@ -25,6 +25,10 @@ setup(
         "tokenizers>=0.21",  # tokenizer.json of Hugging Face checkpoints
         "jinja2>=3.1",  # chat templates of Hugging Face checkpoints
         "tensorboardX>=2.6",  # TensorBoard event files without TensorFlow
+        # analysis/: tables, figures and fits of a sweep's report (analysis/report.py).
+        "pandas>=2.2",
+        "matplotlib>=3.8",
+        "scipy>=1.11",
     ],
     entry_points={"console_scripts": ["rlscale = rlscale.main:run"]},  # = python -m rlscale
     extras_require={
