@@ -59,5 +59,9 @@ while step < steps:
     sys.exit(75)
 if first:
   with open(os.path.join(workdir, "summary.json"), "w") as f:
-    json.dump({"step": step, "fields": fields}, f)
+    rtt = int(fields.get("rtt", 0))
+    json.dump({"step": step, "fields": fields, "config": args.get("config"),
+               "target": {"metric": "accuracy", "value": 0.5},
+               "responses_to_target": rtt or None, "accuracy": float(fields.get("final", 0.5))},
+              f)
 print("done", flush=True)
