@@ -29,6 +29,7 @@ def summarize(cfg: ml_collections.ConfigDict, workdir: str, counters: dict[str, 
   steps = _steps(workdir)
   out = {"kind": cfg.kind, "num_prompts": plan.num_prompts, "group_size": plan.group_size,
          "responses_per_step": plan.responses, "batch": plan.describe(), **counters,
+         "devices": jax.device_count(), "processes": jax.process_count(),
          "target": {"metric": cfg.target.metric, "value": cfg.target.value},
          "responses_to_target": counters.get("responses_to_target"),
          "time_to_target": counters.get("time_to_target"), **last_eval}
