@@ -258,6 +258,9 @@ def read_study(dirs: list[str], opts: Options, stream=sys.stderr) -> Study:
       records[row["run"]] = run
     _progress(i, len(points), stream)
   runs = pd.DataFrame(rows)
+  for col in ("P", "G", "B", "responses_per_step", "num_minibatches", "chips", "seed"):
+    if col in runs:
+      runs[col] = runs[col].astype("Int64")
   if "kind" not in runs:
     raise StudyError(f"no readable run in {' '.join(dirs)} ({len(points)} points, none with "
                      "a config.json)")
@@ -269,6 +272,7 @@ def read_study(dirs: list[str], opts: Options, stream=sys.stderr) -> Study:
   study = Study(runs, records, opts, metric, float(target), [], warnings, [])
   _add_config_columns(study)
   _add_outcomes(study)
+  _mark_duplicates(study)
   _choose_lr(study)
   return study
 
@@ -379,7 +383,7 @@ def seed_values(study: Study, target: float | None = None) -> dict[str, dict[str
   return out
 
 
-_DESCRIBE = ["label", "kind", "P", "G", "B", "B_prompts", "num_minibatches", "lr_rule", "lr",
+_DESCRIBE = ["label", "kind", "P", "G", "responses_per_step", "B", "B_prompts", "num_minibatches", "lr_rule", "lr",
              "chips", "B0"]
 
 
@@ -460,3 +464,45 @@ def _add_references(table: pd.DataFrame, study: Study, vals: dict):
       cols[f"{col}_different"].append(row.config != ref and not stats.overlaps(own, theirs))
   for k, v in cols.items():
     table[k] = v
+
+
+def _mark_duplicates(study: Study):
+  """The same configuration and seed in two stages (e.g. B0 in the LR stage and in the batch
+  stage) counts once: a repeated seed would narrow the interval without new evidence."""
+  runs = study.runs
+  ok = runs[(runs.problem == "") & runs.seed.notna()]
+  dup = ok.duplicated(["config", "seed"], keep="first")
+  for i in ok.index[dup]:
+    first = ok[(ok.config == ok.config[i]) & (ok.seed == ok.seed[i])].run.iloc[0]
+    runs.loc[i, "problem"] = f"duplicate of {first} (same configuration and seed)"
+
+
+def config_curve(study: Study, config: str, runs: pd.DataFrame | None = None) -> pd.DataFrame:
+  """The configuration's curve over seeds: median and min-max band at its evaluation points."""
+  runs = study.used() if runs is None else runs
+  ids = list(runs[runs.config == config].run)
+  curves = [eval_curve(study.records[i], study.metric) for i in ids]
+  curves = [c for c in curves if c[0].size]
+  if not curves:
+    return pd.DataFrame(columns=["responses_seen", "median", "lo", "hi", "seeds"])
+  x = max(curves, key=lambda c: c[0].size)[0]
+  ys = np.array([np.where((x >= cx[0]) & (x <= cx[-1]), np.interp(x, cx, cy), np.nan)
+                 for cx, cy in curves])
+  with np.errstate(all="ignore"):
+    return pd.DataFrame({"responses_seen": x, "median": np.nanmedian(ys, 0),
+                         "lo": np.nanmin(ys, 0), "hi": np.nanmax(ys, 0), "seeds": len(curves)})
+
+
+def curve_gap(a: pd.DataFrame, b: pd.DataFrame, window: int = 3) -> float:
+  """Largest |a - b| of the smoothed median curves at the responses_seen both cover."""
+  if a.empty or b.empty:
+    return math.nan
+  sa = fits.smooth(a["median"].to_numpy(), window)
+  sb = fits.smooth(b["median"].to_numpy(), window)
+  lo = max(a.responses_seen.min(), b.responses_seen.min())
+  hi = min(a.responses_seen.max(), b.responses_seen.max())
+  x = a.responses_seen.to_numpy()
+  keep = (x >= lo) & (x <= hi) & np.isfinite(sa)
+  if not keep.any():
+    return math.nan
+  return float(np.max(np.abs(sa[keep] - np.interp(x[keep], b.responses_seen, sb))))

@@ -1,0 +1,95 @@
+"""Drawing the report's figures (matplotlib, Agg) from the tables written beside them.
+
+Every figure is drawn from one long table, the CSV saved with it, so a reader can redraw it:
+columns panel, series, x, y, optional lo/hi, and style, one of
+  line (markers and line), dashed (an unfinished run), points (markers only), fit (a fitted
+  curve, dotted), ref (the reference: thick, black), band (lo..hi shaded, no line).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+_STYLE = {"line": dict(marker="o", ms=3, lw=1.3), "dashed": dict(ls="--", lw=1, alpha=0.8),
+          "points": dict(marker="o", ls="none", ms=4), "fit": dict(ls=":", lw=1.5),
+          "ref": dict(color="black", lw=2.2, marker="o", ms=3)}
+
+
+def save(fig, data: pd.DataFrame, out: str, stem: str) -> list[str]:
+  """stem.png, stem.pdf and stem.csv under `out`."""
+  paths = [os.path.join(out, f"{stem}.{ext}") for ext in ("png", "pdf", "csv")]
+  fig.savefig(paths[0], dpi=130)
+  fig.savefig(paths[1])
+  plt.close(fig)
+  data.to_csv(paths[2], index=False)
+  return paths
+
+
+def _panels(n: int, width: float = 5.0, height: float = 3.6):
+  cols = min(n, 3)
+  rows = math.ceil(n / cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+  for ax in axes.flat[n:]:
+    ax.set_visible(False)
+  return fig, list(axes.flat[:n])
+
+
+def lines(data: pd.DataFrame, xlabel: str, ylabel: str, logx: bool = False, logy: bool = False,
+          hband: tuple[float, float] | None = None, hline: float | None = None):
+  """One panel per `panel`, one line per (series, style); `hband` shades a horizontal band."""
+  panels = list(dict.fromkeys(data["panel"])) if len(data) else [""]
+  fig, axes = _panels(len(panels))
+  for ax, panel in zip(axes, panels):
+    d = data[data["panel"] == panel]
+    for (series, style), g in d.groupby(["series", "style"], sort=False):
+      g = g.sort_values("x")
+      if style == "band" or ("lo" in g and g["lo"].notna().any() and style != "points"):
+        ax.fill_between(g.x, g.lo, g.hi, alpha=0.2, color="gray" if style == "band" else None,
+                        label=f"{series} band" if style == "band" else None)
+      if style == "band":
+        continue
+      if style == "points" and "lo" in g and g["lo"].notna().any():
+        err = np.abs(np.vstack([g.y - g.lo, g.hi - g.y]))
+        ax.errorbar(g.x, g.y, yerr=np.where(np.isfinite(err), err, 0), fmt="o", ms=4,
+                    capsize=2, label=series)
+        continue
+      ax.plot(g.x, g.y, label=series, **_STYLE.get(style, {}))
+    if hband is not None:
+      ax.axhspan(*hband, color="green", alpha=0.12, label="tolerance")
+    if hline is not None:
+      ax.axhline(hline, color="gray", lw=0.8, ls="--")
+    ax.set_xscale("log" if logx else "linear")
+    ax.set_yscale("log" if logy else "linear")
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=str(panel))
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend(fontsize=7)
+  fig.tight_layout()
+  return fig
+
+
+def heatmap(data: pd.DataFrame, value: str, title: str):
+  """P (rows) x G (columns) of `value`, each cell annotated with its `text`."""
+  ps, gs = sorted(data.P.unique()), sorted(data.G.unique())
+  grid = np.full((len(ps), len(gs)), np.nan)
+  fig, ax = plt.subplots(figsize=(1.4 * len(gs) + 2.5, 0.9 * len(ps) + 1.8))
+  for _, r in data.iterrows():
+    i, j = ps.index(r.P), gs.index(r.G)
+    v = float(r[value])
+    grid[i, j] = v if math.isfinite(v) else np.nan
+    ax.text(j, i, r.text, ha="center", va="center", fontsize=8)
+  im = ax.imshow(np.ma.masked_invalid(grid), cmap="viridis_r", aspect="auto")
+  fig.colorbar(im, ax=ax, label=value)
+  ax.set_xticks(range(len(gs)), [str(g) for g in gs])
+  ax.set_yticks(range(len(ps)), [str(p) for p in ps])
+  ax.set(xlabel="G (responses per prompt)", ylabel="P (prompts per step)", title=title)
+  fig.tight_layout()
+  return fig

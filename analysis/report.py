@@ -1,0 +1,95 @@
+"""A study's report: from sweep directories to report.md, figures (PNG, PDF) and their CSVs.
+
+    python analysis/report.py runs/study                 # writes runs/study/report/
+    python analysis/report.py runs/bi runs/ppo --out report --target 0.6 --stat median
+
+DIR is a sweep directory (sweep.json), a study directory (one sweep per stage), or run
+directories. Every point is listed, the ones not used (failed, unfinished) with their status and
+error. The sections and their formulas: DESIGN.md, "Analysis: what a study reports".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # rlscale
+import figures  # noqa: E402
+import report_md  # noqa: E402
+import report_sections  # noqa: E402
+import study_table  # noqa: E402
+
+
+def _floats(text: str) -> list[float]:
+  try:
+    return [float(v) for v in text.split(",") if v.strip()]
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"{text!r}: expected numbers separated by commas")
+
+
+def parse(argv=None) -> argparse.Namespace:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  ap.add_argument("dirs", nargs="+", metavar="DIR", help="sweep, study or run directories")
+  ap.add_argument("--out", help="output directory (default: DIR/report for one DIR)")
+  ap.add_argument("--metric", help="eval metric (default: the runs' target.metric)")
+  ap.add_argument("--target", type=float, help="target value (default: the runs' target)")
+  ap.add_argument("--targets", type=_floats, help="targets of the critical-batch fit, e.g. "
+                  "0.3,0.4,0.5 (default: 4 between the base and the best final value)")
+  ap.add_argument("--tolerance", type=float, default=0.2, help="responses-to-target tolerance")
+  ap.add_argument("--band", type=float, default=0.05, help="curve band around the reference")
+  ap.add_argument("--stat", choices=["iqm", "median"], default="iqm", help="stat over seeds")
+  ap.add_argument("--reps", type=int, default=2000, help="bootstrap reps of the intervals")
+  ap.add_argument("--fit_reps", type=int, default=100,
+                  help="bootstrap reps of the fits' intervals (each one a refit)")
+  ap.add_argument("--reference_batch", type=int, help="B0 (default: optim.reference_batch)")
+  return ap.parse_args(argv)
+
+
+def _sections(study, table) -> list:
+  out = []
+  for fn in report_sections.sections():
+    try:
+      out.append(fn(study, table))
+    except Exception as e:  # noqa: BLE001 - one bad section must not lose the others
+      msg = f"{e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+      print(f"report.py: warning: section {fn.__name__} failed ({msg})", file=sys.stderr)
+      out.append(report_sections.Section(fn.__name__.replace("_", " "),
+                                         skipped=f"failed to compute ({msg})."))
+  return out
+
+
+def main(argv=None) -> int:
+  args = parse(argv)
+  opts = study_table.Options(metric=args.metric, target=args.target, targets=args.targets,
+                             tolerance=args.tolerance, band=args.band, stat=args.stat,
+                             reps=args.reps, fit_reps=args.fit_reps,
+                             reference_batch=args.reference_batch)
+  if not args.out and len(args.dirs) > 1:
+    print("report.py: error: --out is needed with several DIRs", file=sys.stderr)
+    return 2
+  start = time.time()
+  try:
+    study = study_table.read_study(args.dirs, opts)
+  except study_table.StudyError as e:
+    print(f"report.py: error: {e}", file=sys.stderr)
+    return 2
+  out = args.out or os.path.join(args.dirs[0], "report")
+  os.makedirs(out, exist_ok=True)
+  table = study_table.config_table(study)
+  sections = _sections(study, table)
+  for sec in sections:
+    for fig in sec.figures:
+      figures.save(fig.draw(fig.data), fig.data, out, fig.stem)
+  study.runs.drop(columns=["path"]).to_csv(os.path.join(out, "runs.csv"), index=False)
+  if not table.empty:
+    table.to_csv(os.path.join(out, "configurations.csv"), index=False)
+  path = report_md.write(study, sections, out)
+  print(f"wrote {path} ({time.time() - start:.1f} s)", file=sys.stderr)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
