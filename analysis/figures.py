@@ -26,7 +26,7 @@ _STYLE = {"line": dict(marker="o", ms=3, lw=1.3), "dashed": dict(ls="--", lw=1, 
 def save(fig, data: pd.DataFrame, out: str, stem: str) -> list[str]:
   """stem.png, stem.pdf and stem.csv under `out`."""
   paths = [os.path.join(out, f"{stem}.{ext}") for ext in ("png", "pdf", "csv")]
-  fig.savefig(paths[0], dpi=130)
+  fig.savefig(paths[0], dpi=110)
   fig.savefig(paths[1])
   plt.close(fig)
   data.to_csv(paths[2], index=False)
@@ -66,8 +66,9 @@ def lines(data: pd.DataFrame, xlabel: str, ylabel: str, logx: bool = False, logy
       ax.axhspan(*hband, color="green", alpha=0.12, label="tolerance")
     if hline is not None:
       ax.axhline(hline, color="gray", lw=0.8, ls="--")
-    ax.set_xscale("log" if logx else "linear")
-    ax.set_yscale("log" if logy else "linear")
+    # A log axis with nothing positive on it (e.g. all-zero grad norms) stays linear.
+    ax.set_xscale("log" if logx and (d.x > 0).any() else "linear")
+    ax.set_yscale("log" if logy and (d.y > 0).any() else "linear")
     ax.set(xlabel=xlabel, ylabel=ylabel, title=str(panel))
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:

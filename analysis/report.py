@@ -42,7 +42,7 @@ def parse(argv=None) -> argparse.Namespace:
   ap.add_argument("--band", type=float, default=0.05, help="curve band around the reference")
   ap.add_argument("--stat", choices=["iqm", "median"], default="iqm", help="stat over seeds")
   ap.add_argument("--reps", type=int, default=2000, help="bootstrap reps of the intervals")
-  ap.add_argument("--fit_reps", type=int, default=100,
+  ap.add_argument("--fit_reps", type=int, default=50,
                   help="bootstrap reps of the fits' intervals (each one a refit)")
   ap.add_argument("--reference_batch", type=int, help="B0 (default: optim.reference_batch)")
   return ap.parse_args(argv)

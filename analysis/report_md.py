@@ -20,6 +20,8 @@ def num(v, digits: int = 3) -> str:
     return "∞" if v > 0 else "-∞"
   if abs(v) >= 1e4:
     return f"{v / 1e3:.{digits}g}k" if abs(v) < 1e7 else f"{v:.{digits}g}"
+  if abs(v) >= 10 ** digits:  # 4040, not 4.04e+03
+    return f"{round(v, digits - 1 - int(math.floor(math.log10(abs(v))))):.0f}"
   return f"{v:.{digits}g}"
 
 
@@ -68,7 +70,9 @@ def _definitions(study) -> list[str]:
       f"bootstrap {95}% interval ({o.reps} reps; fits: {o.fit_reps} reps).",
       "- **B** = responses per optimizer step (P×G/num_minibatches; also given in prompts).",
       "- **Configuration** = the config values that vary across runs except `seed`: "
-      + (", ".join(f"`{k}`" for k in study.varying) or "(none)") + ".",
+      + (", ".join(f"`{k}`" for k in study.varying if k not in study.kind_only) or "(none)")
+      + (f" (and {len(study.kind_only)} fields set in one kind only, e.g. "
+         f"`{study.kind_only[0]}`)" if study.kind_only else "") + ".",
       f"- **Responses to target** = first crossing of the eval curve smoothed over "
       f"{o.window} evaluations (trailing), interpolated; never reached = ∞, shown as "
       "'not reached (final X)'.",

@@ -144,7 +144,9 @@ def _sigmoid_row(study: st.Study, r) -> tuple[dict, pd.DataFrame | None]:
   if not curves:
     return dict(row, error="fewer than 4 evaluations"), None
   try:
-    iv = fits.fit_sigmoid_interval(curves, reps=study.opts.fit_reps, seed=study.opts.seed)
+    # n seeds have few distinct resamples (3 for 2 seeds): more reps only refit the same.
+    reps = min(study.opts.fit_reps, 10 * len(curves))
+    iv = fits.fit_sigmoid_interval(curves, reps=reps, seed=study.opts.seed)
     c = st.config_curve(study, r.config)
     ex = fits.extrapolation_check(c.responses_seen, c["median"])
   except (ValueError, RuntimeError) as e:
@@ -182,7 +184,7 @@ def compute_curves(study: st.Study, table: pd.DataFrame) -> Section:
                   (run.rows[-1] if run.rows else {}))
   sec.text += [f"R(C) = R0 + (A − R0)/(1 + (C_mid/C)^B) with C in responses, fitted per "
                f"configuration (grid over A and C_mid, B by least squares) on the mean of its "
-               f"seeds; intervals: {study.opts.fit_reps} bootstrap reps over seeds. "
+               f"seeds; intervals: min({study.opts.fit_reps}, 10 × seeds) bootstrap reps over seeds. "
                "Extrapolation: fitted on the first half of the responses, predicted at the end.",
                "FLOPs: " + ("the rows carry flops/ metrics but this report plots responses only."
                             if has_flops else "absent (no flops/ key in the runs' metrics); "

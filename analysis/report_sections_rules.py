@@ -48,10 +48,10 @@ def equal_pg_groups(table: pd.DataFrame) -> list[pd.DataFrame]:
   return out
 
 
-def _pair_rows(study: st.Study, g: pd.DataFrame) -> tuple[list[dict], list[pd.DataFrame]]:
+def _pair_rows(study: st.Study, g: pd.DataFrame, main_g: int) -> tuple[list[dict], list[pd.DataFrame]]:
   o = study.opts
   vals = st.seed_values(study)
-  main = g[g.G == st.main_group_size(g, g.kind.iloc[0])]
+  main = g[g.G == main_g]
   base = (main if len(main) else g).iloc[0]
   panel = f"{base.kind} {base.lr_rule} P×G={base.responses_per_step}"
   rows, curves = [], []
@@ -96,7 +96,7 @@ def rules_and_pairs(study: st.Study, table: pd.DataFrame) -> Section:
     return sec
   rows, curves = [], []
   for g in groups:
-    r, c = _pair_rows(study, g)
+    r, c = _pair_rows(study, g, st.main_group_size(table, g.kind.iloc[0]))
     rows += r
     curves += c
   pairs = pd.DataFrame(rows)

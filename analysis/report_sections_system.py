@@ -50,9 +50,14 @@ def actor_critic(study: st.Study, table: pd.DataFrame) -> Section:
   lo, hi = _window(study.used())
   rows, sq, norm = [], [], []
   for (kind, model), g in pts.groupby(["kind", "model"]):
-    if g.B.nunique() < 2:
+    if g.B.nunique() < 2 or (g.grad_sq > 0).sum() < 2:
+      sec.text.append(f"{kind} {model}: skipped (grad norms at fewer than two batch sizes, or "
+                      "all zero: no reward signal).")
       continue
-    f, p = fits.fit_signal_noise(g.B, g.grad_sq), fits.fit_power(g.B, g.grad_norm)
+    f = fits.fit_signal_noise(g.B, g.grad_sq)
+    pos = g[g.grad_norm > 0]  # a zero gradient (no reward signal yet) has no logarithm
+    p = (fits.fit_power(pos.B, pos.grad_norm) if pos.B.nunique() >= 2
+         else dict(exponent=math.nan, coef=math.nan))
     rows.append(dict(kind=kind, model=model, runs=len(g), grad_sq_true=f["grad_sq_true"],
                      trace=f["trace"], b_simple_fit=f["b_simple"], r2=f["r2"],
                      grad_sq_lo=f["grad_sq_true_interval"][0],
@@ -72,6 +77,9 @@ def actor_critic(study: st.Study, table: pd.DataFrame) -> Section:
                            "y": p["coef"] * b ** p["exponent"], "style": "fit"}),
              pd.DataFrame({"panel": "", "series": f"{panel} 1/√B", "x": b, "style": "dashed",
                            "y": g.grad_norm[g.B == g.B.min()].mean() * np.sqrt(g.B.min() / b)})]
+  if not rows:
+    sec.skipped = "no model with nonzero grad norms at two or more batch sizes."
+    return sec
   res = pd.DataFrame(rows)
   sec.text.append(f"Mean squared grad norm per run over responses seen in [{num(lo)}, {num(hi)}] "
                   "(the middle third of the shortest run), regressed on 1/B: "

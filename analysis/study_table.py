@@ -38,7 +38,7 @@ class Options:
   band: float = 0.05
   stat: str = "iqm"
   reps: int = 2000
-  fit_reps: int = 100  # bootstrap reps of the fits (each one a curve fit, not a mean)
+  fit_reps: int = 50  # bootstrap reps of the fits (each one a curve fit, not a mean)
   reference_batch: int | None = None
   seed: int = 0
   window: int = 3  # evaluations in the trailing smoothing window
@@ -199,6 +199,7 @@ class Study:
   varying: list[str]  # config fields that vary across runs, seed excluded
   warnings: list[str]
   lr_notes: list[str]  # how the learning rate of the analysed runs was chosen
+  kind_only: list[str] = dataclasses.field(default_factory=list)  # varying: set in some runs only
 
   def used(self) -> pd.DataFrame:
     """The runs every fit and table uses: complete, at the chosen learning rate."""
@@ -283,6 +284,9 @@ def _add_config_columns(study: Study):
   keys = sorted(set().union(*flat.values())) if flat else []
   varying = [k for k in keys if k != "seed" and len({repr(f.get(k)) for f in flat.values()}) > 1]
   study.varying = varying
+  # A field only some kinds have (critic.* in PPO) and constant where set splits no runs
+  # beyond `kind`: named apart so the definition stays readable.
+  study.kind_only = [k for k in varying if len({repr(f[k]) for f in flat.values() if k in f}) == 1]
   runs = study.runs
   if study.opts.reference_batch:
     runs.loc[runs.kind.notna(), "B0"] = study.opts.reference_batch
