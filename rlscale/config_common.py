@@ -49,6 +49,27 @@ def arithmetic_default(c: ml_collections.ConfigDict) -> None:
   c.task.restate = 0.5  # half the base's demonstrations restate the equation (tasks/arithmetic.py)
 
 
+def chain_sum_default(c: ml_collections.ConfigDict) -> None:
+  """The chained-sum testbed (rlscale/tasks/chain_sum.py): the default's model shape and mesh.
+
+  Its own task section, so the default task (and its cached base policy's hash) is unchanged.
+  """
+  c.model = model("tiny", vocab_size=32, d_model=128, head_dim=32, mlp_dim=384)
+  c.mesh = mesh()
+  c.task = chain_sum_task()
+
+
+def chain_sum_task() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.name = "chain_sum"  # sums of `terms` operands with a worked scratchpad (tasks/chain_sum.py)
+  c.seed = 0  # problem streams and the held-out set derive from it
+  c.num_eval = 500  # size of the held-out set
+  c.terms = 5  # operands per problem: terms - 1 scratchpad steps (31 tokens at 5 one-digit terms)
+  c.digits = 1  # operands below 10**digits
+  c.flaw = 0.65  # chance that a demonstration's step drops its ones carry (the base's headroom)
+  return c
+
+
 def mesh() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.shape = (-1, 1, 1)  # devices along (data, fsdp, tensor); one -1 takes the remaining devices

@@ -6,7 +6,8 @@ from typing import Any, Mapping
 
 from rlscale.tasks.base import Problem, Score, Task, Tokenizer
 
-NAMES = ("arithmetic", "tfds_math", "reasoning_gym")
+NAMES = ("arithmetic", "chain_sum", "tfds_math", "reasoning_gym")
+EMBEDDED = ("arithmetic", "chain_sum")  # built in, with their own character tokenizer
 
 
 def make(cfg: Mapping[str, Any], tokenizer: Tokenizer | None = None) -> Task:
@@ -17,6 +18,10 @@ def make(cfg: Mapping[str, Any], tokenizer: Tokenizer | None = None) -> Task:
     return Arithmetic(digits=cfg["digits"], ops=cfg["ops"], mul_digits=cfg["mul_digits"],
                       num_eval=cfg["num_eval"], seed=cfg["seed"],
                       partial_credit=cfg["partial_credit"], restate=cfg["restate"])
+  if name == "chain_sum":
+    from rlscale.tasks.chain_sum import ChainSum
+    return ChainSum(terms=cfg["terms"], digits=cfg["digits"], flaw=cfg["flaw"],
+                    num_eval=cfg["num_eval"], seed=cfg["seed"])
   if name in ("tfds_math", "reasoning_gym"):
     if tokenizer is None:
       raise ValueError(f"task.name={name!r} needs a tokenizer: set model.hf_checkpoint")
@@ -28,4 +33,4 @@ def make(cfg: Mapping[str, Any], tokenizer: Tokenizer | None = None) -> Task:
   raise ValueError(f"task.name={name!r}; known: {NAMES}")
 
 
-__all__ = ["NAMES", "Problem", "Score", "Task", "Tokenizer", "make"]
+__all__ = ["EMBEDDED", "NAMES", "Problem", "Score", "Task", "Tokenizer", "make"]

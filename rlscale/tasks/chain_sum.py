@@ -1,0 +1,133 @@
+"""A testbed where RL, not a format switch, makes the gain: chained sums with a scratchpad.
+
+Prompt `<bos>7+5+9+3+8=`, response `7+5=12;12+9=21;21+3=24;24+8=32<eos>`: the running sum,
+one addition per step, written out in full (31 tokens with EOS at 5 one-digit terms, so
+generation is a real share of an RL step). Only the final answer is graded: the integer after
+the last `=` (or the whole response when it has none) must be the sum.
+
+Why RL has headroom. The base policy's demonstrations come from two procedures: the right one,
+and a systematically flawed one that forgets the carry out of the ones place (`12+9=11`).
+Each step of a demonstration that needs that carry drops it, independently, with probability
+`flaw` (a fixed hash of the problem and the step), and the chain goes on from the written
+value, so every line is internally consistent with one of the two procedures. A base trained
+on the mix takes the carry with probability about 1 - flaw at every step that needs one:
+greedy decoding (flaw > 0.5) drops every carry and is right only on the ~9% of problems that
+need none, sampling is right when it happens to carry at every such step, and pass@8 is far
+above pass@1. The reward must teach the policy, step by step and in every context (first
+step, two-digit running sums, several carries in a row), which procedure is right; no output
+format separates right from wrong (both procedures write the same shape of text, so no
+restated-equation trick is there to learn). `flaw` is the difficulty knob: the higher it is,
+the less often sampling finds the right chain and the more responses RL needs.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import zlib
+
+import numpy as np
+
+from rlscale.tasks.base import Problem, Score, Task
+from rlscale.tasks.char_tokenizer import CharTokenizer
+
+ALPHABET = "0123456789+=;"
+_TRAIN, _EVAL = 0, 1
+_INT = re.compile(r"[0-9]{1,12}")
+
+
+class ChainSum(Task):
+  def __init__(self, terms: int = 5, digits: int = 1, flaw: float = 0.65, num_eval: int = 500,
+               seed: int = 0):
+    for name, value, least in (("terms", terms, 2), ("digits", digits, 1),
+                               ("num_eval", num_eval, 1), ("seed", seed, 0)):
+      if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"task.{name}={value!r} must be an integer >= {least}")
+    if isinstance(flaw, bool) or not isinstance(flaw, (int, float)) or not 0.0 <= flaw <= 1.0:
+      raise ValueError(f"task.flaw={flaw!r} must be a number in [0, 1] (share of carries the "
+                       "demonstrations drop)")
+    space = 10 ** (terms * digits)
+    if num_eval > space // 2:
+      raise ValueError(f"task.num_eval={num_eval} leaves too few training problems: "
+                       f"task.terms={terms}, task.digits={digits} give {space} problems; use at "
+                       f"most {space // 2}")
+    self.terms, self.digits, self.flaw = terms, digits, float(flaw)
+    self.num_eval, self.seed = num_eval, seed
+    self.tokenizer = CharTokenizer(ALPHABET)
+    self.max_prompt_len = 1 + terms * digits + terms  # <bos>, the terms, their + and =
+    largest = [10**digits - 1] * terms  # the longest scratchpad (the flawed one is never longer)
+    self.max_answer_len = len(self.scratchpad(largest)) + 1  # and <eos>
+
+  # --- problems ---
+
+  def _draw(self, rng: np.random.Generator) -> Problem:
+    terms = tuple(int(x) for x in rng.integers(0, 10**self.digits, size=self.terms))
+    return Problem("+".join(map(str, terms)) + "=", str(sum(terms)), terms)
+
+  @functools.cached_property
+  def _eval(self) -> list[Problem]:
+    out, seen, i = [], set(), 0
+    while len(out) < self.num_eval:
+      p = self._draw(np.random.default_rng([self.seed, _EVAL, i]))
+      i += 1
+      if p.question not in seen:
+        seen.add(p.question)
+        out.append(p)
+    return out
+
+  @functools.cached_property
+  def _eval_questions(self) -> frozenset[str]:
+    return frozenset(p.question for p in self._eval)
+
+  def problem(self, index: int) -> Problem:
+    """Training problem `index`; problems of the held-out set are skipped."""
+    for attempt in range(1000):
+      p = self._draw(np.random.default_rng([self.seed, _TRAIN, index, attempt]))
+      if p.question not in self._eval_questions:
+        return p
+    raise RuntimeError("task: the held-out set covers the whole problem space; lower num_eval")
+
+  def eval_problems(self) -> list[Problem]:
+    return list(self._eval)
+
+  def prompt_ids(self, problem: Problem) -> list[int]:
+    return self.tokenizer.encode(problem.question, add_special_tokens=True)
+
+  # --- the two procedures ---
+
+  @staticmethod
+  def scratchpad(terms, drops=()) -> str:
+    """The worked chain; steps in `drops` (0-based) forget the carry out of the ones place."""
+    total, lines = terms[0], []
+    for i, x in enumerate(terms[1:]):
+      s = total + x
+      if i in drops and total % 10 + x % 10 >= 10:
+        s -= 10
+      lines.append(f"{total}+{x}={s}")
+      total = s
+    return ";".join(lines)
+
+  def demonstration(self, problem: Problem) -> str:
+    """The right chain, except that each step needing a ones carry drops it with probability
+    `flaw`, fixed per (seed, problem, step)."""
+    terms = self._terms(problem)
+    drops = {i for i in range(len(terms) - 1)
+             if zlib.crc32(f"{self.seed}:{problem.question}:{i}".encode()) < self.flaw * 2**32}
+    return self.scratchpad(terms, drops)
+
+  @staticmethod
+  def _terms(problem: Problem) -> tuple[int, ...]:
+    if problem.meta is not None:
+      return tuple(problem.meta)
+    return tuple(int(x) for x in problem.question.rstrip("=").split("+"))
+
+  # --- grading ---
+
+  def verify(self, response: str, problem: Problem) -> Score:
+    """1 when the final answer (after the last `=`, else the whole text) is the sum."""
+    text = response.strip()
+    if len(text) > 4 * self.max_answer_len:
+      return Score(0.0, False)
+    final = text.rpartition("=")[2].strip()
+    ok = bool(_INT.fullmatch(final)) and int(final) == int(problem.answer)
+    return Score(1.0 if ok else 0.0, ok)
