@@ -12,6 +12,7 @@ import math
 import os
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -69,12 +70,26 @@ def lines(data: pd.DataFrame, xlabel: str, ylabel: str, logx: bool = False, logy
     # A log axis with nothing positive on it (e.g. all-zero grad norms) stays linear.
     ax.set_xscale("log" if logx and (d.x > 0).any() else "linear")
     ax.set_yscale("log" if logy and (d.y > 0).any() else "linear")
+    if logx:
+      _batch_ticks(ax, d.x[~d["style"].isin(["fit", "dashed"])])
+    if logy:
+      ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+      ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set(xlabel=xlabel, ylabel=ylabel, title=str(panel))
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize=7)
   fig.tight_layout()
   return fig
+
+
+def _batch_ticks(ax, x):
+  """Plain numbers on a log x axis; the data's own values when there are few (batch sizes)."""
+  ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+  ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+  values = sorted(v for v in set(x) if v > 0 and math.isfinite(v))
+  if 2 <= len(values) <= 10:
+    ax.set_xticks(values)
 
 
 def heatmap(data: pd.DataFrame, value: str, title: str):

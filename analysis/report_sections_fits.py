@@ -108,8 +108,8 @@ def _bcrit_figure(res: pd.DataFrame) -> Figure:
                     "y": ok.b_simple, "lo": np.nan, "hi": np.nan, "style": "fit"})])
   return Figure("3_bcrit_vs_target",
                 "Critical training batch B_crit = E_min/S_min per target with its 95% bootstrap "
-                "interval, and the runs' mean measured B_simple.\nB_crit typically grows as the "
-                "target gets harder; B_simple is known to underestimate it.",
+                "interval, and the runs' mean measured B_simple.\nMcCandlish et al. find B_crit "
+                "growing as the target gets harder; B_simple can underestimate it.",
                 data, functools.partial(figures.lines, xlabel="target", logy=True,
                                         ylabel="batch (responses per optimizer step)"))
 
@@ -155,7 +155,7 @@ def _sigmoid_row(study: st.Study, r) -> tuple[dict, pd.DataFrame | None]:
     row.update({f"fit_{k}": iv[k][0], f"fit_{k}_lo": iv[k][1], f"fit_{k}_hi": iv[k][2]})
   f = iv["fit"]
   row.update(r0=f["r0"], rmse=f["rmse"], extrapolated=ex["predicted"], measured=ex["measured"],
-             extrapolation_error=ex["error"], error="")
+             extrapolation_error=ex["error"], c_final=ex["c_final"], error="")
   grid = np.geomspace(max(c.responses_seen[c.responses_seen > 0].min(), 1),
                       c.responses_seen.max(), 50)
   panel = f"{r.kind} {r.lr_rule}"
@@ -199,7 +199,8 @@ def compute_curves(study: st.Study, table: pd.DataFrame) -> Section:
         pd.concat(parts, ignore_index=True),
         functools.partial(figures.lines, xlabel="responses seen", ylabel=study.metric,
                           logx=True)))
-    good = res[res.error == ""]
+    # A is resolved only once the curve has passed its half-gain point.
+    good = res[(res.error == "") & (res.get("fit_c_mid", np.inf) < res.get("c_final", 0))]
     if len(good):
       top = good.loc[good.fit_A.idxmax()]
       sec.verdict.append(f"Highest fitted asymptote: {top.configuration}: A = "
