@@ -184,7 +184,8 @@ def compute_curves(study: st.Study, table: pd.DataFrame) -> Section:
                   (run.rows[-1] if run.rows else {}))
   sec.text += [f"R(C) = R0 + (A − R0)/(1 + (C_mid/C)^B) with C in responses, fitted per "
                f"configuration (grid over A and C_mid, B by least squares) on the mean of its "
-               f"seeds; intervals: min({study.opts.fit_reps}, 10 × seeds) bootstrap reps over seeds. "
+               f"seeds; intervals: min({study.opts.fit_reps}, 10 × seeds) bootstrap reps over "
+               "seeds. "
                "Extrapolation: fitted on the first half of the responses, predicted at the end.",
                "FLOPs: " + ("the rows carry flops/ metrics but this report plots responses only."
                             if has_flops else "absent (no flops/ key in the runs' metrics); "

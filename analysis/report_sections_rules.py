@@ -48,7 +48,7 @@ def equal_pg_groups(table: pd.DataFrame) -> list[pd.DataFrame]:
   return out
 
 
-def _pair_rows(study: st.Study, g: pd.DataFrame, main_g: int) -> tuple[list[dict], list[pd.DataFrame]]:
+def _pair_rows(study: st.Study, g: pd.DataFrame, main_g: int) -> tuple[list, list]:
   o = study.opts
   vals = st.seed_values(study)
   main = g[g.G == main_g]

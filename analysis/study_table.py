@@ -366,7 +366,8 @@ def _choose_lr(study: Study):
       lr = best.sort_values(["rtt", "final"], ascending=[True, False]).index[0]
       why = "the best at B0 (every run is at B0)"
     runs.loc[(runs.kind == kind) & runs.lr.notna() & (runs.lr != lr), "lr_chosen"] = False
-    study.lr_notes.append(f"{kind}: base lr varies ({', '.join(f'{v:g}' for v in sorted(group.lr.unique()))}); "
+    lrs = ", ".join(f"{v:g}" for v in sorted(group.lr.unique()))
+    study.lr_notes.append(f"{kind}: base lr varies ({lrs}); "
                           f"sections use lr={lr:g}, {why}")
 
 
@@ -387,7 +388,8 @@ def seed_values(study: Study, target: float | None = None) -> dict[str, dict[str
   return out
 
 
-_DESCRIBE = ["label", "kind", "P", "G", "responses_per_step", "B", "B_prompts", "num_minibatches", "lr_rule", "lr",
+_DESCRIBE = ["label", "kind", "P", "G", "responses_per_step", "B", "B_prompts", "num_minibatches",
+             "lr_rule", "lr",
              "chips", "B0"]
 
 
