@@ -2,6 +2,7 @@
 
     python launch/main.py --config=configs/sft.py
     python launch/main.py --config=configs/sft.py:tiny      # seconds, for tests
+    python launch/main.py --config=configs/sft.py:chain_sum # configs/grpo_chain_sum.py's base
 
 The GRPO config builds this base itself (with its own model, task and mesh) when its
 cached copy is missing.
@@ -21,6 +22,13 @@ def tiny(c: ml_collections.ConfigDict) -> None:
   c.eval.generation_batch = 64
 
 
+def chain_sum(c: ml_collections.ConfigDict) -> None:
+  """The base of configs/grpo_chain_sum.py: the chained-sum task with flawed demonstrations."""
+  common.chain_sum_default(c)
+  c.optim.lr = 3e-3  # learns the scratchpad's arithmetic within the step budget (2e-3: slower)
+  c.train.num_steps = 600  # ~4.5 min on 2 CPU cores; arithmetic right, carries mostly dropped
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.kind = "sft"  # which trainer runs this config
@@ -36,5 +44,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.train.checkpoint_every = 100  # save every N steps
   c.eval = ml_collections.ConfigDict()
   c.eval.generation_batch = 512  # held-out rows per compiled decode call
-  common.apply_arg(c, arg, {"tiny": tiny}, common.ALIASES)
+  common.apply_arg(c, arg, {"tiny": tiny, "chain_sum": chain_sum}, common.ALIASES)
   return c

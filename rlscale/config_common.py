@@ -64,7 +64,7 @@ def chain_sum_task() -> ml_collections.ConfigDict:
   c.name = "chain_sum"  # sums of `terms` operands with a worked scratchpad (tasks/chain_sum.py)
   c.seed = 0  # problem streams and the held-out set derive from it
   c.num_eval = 500  # size of the held-out set
-  c.terms = 5  # operands per problem: terms - 1 scratchpad steps (31 tokens at 5 one-digit terms)
+  c.terms = 4  # operands per problem: terms - 1 scratchpad steps (<= 23 tokens at 4 one-digit)
   c.digits = 1  # operands below 10**digits
   c.flaw = 0.65  # chance that a demonstration's step drops its ones carry (the base's headroom)
   return c

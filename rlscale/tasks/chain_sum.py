@@ -1,23 +1,27 @@
 """A testbed where RL, not a format switch, makes the gain: chained sums with a scratchpad.
 
-Prompt `<bos>7+5+9+3+8=`, response `7+5=12;12+9=21;21+3=24;24+8=32<eos>`: the running sum,
-one addition per step, written out in full (31 tokens with EOS at 5 one-digit terms, so
-generation is a real share of an RL step). Only the final answer is graded: the integer after
-the last `=` (or the whole response when it has none) must be the sum.
+Prompt `<bos>7+5+9+3=`, response `7+5=12;12+9=21;21+3=24<eos>`: the running sum, one
+addition per step, written out in full (about 19 tokens with EOS at 4 one-digit terms, at
+most 23, so generation is a real share of an RL step). Only the final answer is graded: the
+integer after the last `=` (or the whole response when it has none) must be the sum.
 
 Why RL has headroom. The base policy's demonstrations come from two procedures: the right one,
 and a systematically flawed one that forgets the carry out of the ones place (`12+9=11`).
-Each step of a demonstration that needs that carry drops it, independently, with probability
-`flaw` (a fixed hash of the problem and the step), and the chain goes on from the written
-value, so every line is internally consistent with one of the two procedures. A base trained
-on the mix takes the carry with probability about 1 - flaw at every step that needs one:
-greedy decoding (flaw > 0.5) drops every carry and is right only on the ~9% of problems that
-need none, sampling is right when it happens to carry at every such step, and pass@8 is far
-above pass@1. The reward must teach the policy, step by step and in every context (first
-step, two-digit running sums, several carries in a row), which procedure is right; no output
-format separates right from wrong (both procedures write the same shape of text, so no
-restated-equation trick is there to learn). `flaw` is the difficulty knob: the higher it is,
-the less often sampling finds the right chain and the more responses RL needs.
+Each step of a demonstration that needs that carry drops it with probability `flaw` (a fixed
+hash of the question and the step: the demonstrations are a fixed data set, one worked
+solution per question), and the chain goes on from the written value, so every line is
+internally consistent with one of the two procedures. The base learns the arithmetic and
+copies the operands but takes most carries the flawed way, and which way it goes depends on
+the context it generalizes from: greedy decoding is often wrong, sampling sometimes carries
+at every step that needs it, and pass@8 is far above pass@1. Measured on the held-out set
+(configs/sft.py:chain_sum, 600 steps, 4 min 42 s on 2 CPU cores): greedy 14.2%, sampled
+pass@1 20.7%, pass@8 44.8%; correct responses are 19.4 tokens long on average (EOS included).
+The reward must teach the policy, in every context (first step, two-digit running sums, two
+carries in a row), which procedure is right; no output format separates right from wrong
+(both procedures write the same shape of text; there is no restated-equation trick to learn).
+GRPO (configs/grpo_chain_sum.py) lifts greedy accuracy by 20 points within ~2,600 responses
+and levels off near the base's pass@8 (~45%): contexts where the base never carries stay
+flawed. `flaw` is the difficulty knob: the higher, the rarer a right chain in sampling.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ _INT = re.compile(r"[0-9]{1,12}")
 
 
 class ChainSum(Task):
-  def __init__(self, terms: int = 5, digits: int = 1, flaw: float = 0.65, num_eval: int = 500,
+  def __init__(self, terms: int = 4, digits: int = 1, flaw: float = 0.65, num_eval: int = 500,
                seed: int = 0):
     for name, value, least in (("terms", terms, 2), ("digits", digits, 1),
                                ("num_eval", num_eval, 1), ("seed", seed, 0)):
@@ -109,17 +113,11 @@ class ChainSum(Task):
 
   def demonstration(self, problem: Problem) -> str:
     """The right chain, except that each step needing a ones carry drops it with probability
-    `flaw`, fixed per (seed, problem, step)."""
-    terms = self._terms(problem)
+    `flaw`, fixed per (seed, question, step)."""
+    terms = tuple(int(x) for x in problem.question.rstrip("=").split("+"))
     drops = {i for i in range(len(terms) - 1)
              if zlib.crc32(f"{self.seed}:{problem.question}:{i}".encode()) < self.flaw * 2**32}
     return self.scratchpad(terms, drops)
-
-  @staticmethod
-  def _terms(problem: Problem) -> tuple[int, ...]:
-    if problem.meta is not None:
-      return tuple(problem.meta)
-    return tuple(int(x) for x in problem.question.rstrip("=").split("+"))
 
   # --- grading ---
 
