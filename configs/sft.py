@@ -25,7 +25,7 @@ def tiny(c: ml_collections.ConfigDict) -> None:
 def chain_sum(c: ml_collections.ConfigDict) -> None:
   """The base of configs/grpo_chain_sum.py: the chained-sum task with flawed demonstrations."""
   common.chain_sum_default(c)
-  c.optim.lr = 3e-3  # learns the scratchpad's arithmetic within the step budget (2e-3: slower)
+  c.optim.lr = 3e-3  # learns the arithmetic within 600 steps (loss 0.067; no scan on this task)
   c.train.num_steps = 600  # ~4.5 min on 2 CPU cores; arithmetic right, carries mostly dropped
 
 
