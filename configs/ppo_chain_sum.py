@@ -1,0 +1,37 @@
+"""PPO with a critic on the chained-sum testbed, from the same cached base as its GRPO config.
+
+    python launch/main.py --config=configs/ppo_chain_sum.py
+    python launch/main.py --config=configs/ppo_chain_sum.py:ewma   # batch-size-invariant PPO
+    python launch/main.py --config=configs/ppo_chain_sum.py:tiny   # seconds, for tests
+
+configs/ppo.py with configs/grpo_chain_sum.py's model, task, base policy, response budget
+and target; see those files for every field.
+"""
+
+import os
+
+import ml_collections
+
+from rlscale import config_common as common
+from rlscale import config_files
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+ppo = config_files.load_module(os.path.join(_HERE, "ppo.py"))[0]  # the PPO recipe
+grpo_chain_sum = config_files.load_module(os.path.join(_HERE, "grpo_chain_sum.py"))[0]
+
+
+def tiny(c: ml_collections.ConfigDict) -> None:
+  """Seconds on a laptop: the tests' shape."""
+  ppo.tiny(c)
+  c.task.terms = 3
+  c.rollout.max_new_tokens = 16
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  c = ppo.get_config()
+  g = grpo_chain_sum.get_config()
+  c.model, c.task, c.init, c.target = g.model, g.task, g.init, g.target
+  c.rollout.max_new_tokens = g.rollout.max_new_tokens  # the longest scratchpad with EOS
+  c.train.num_steps, c.train.eval_every = g.train.num_steps, g.train.eval_every
+  common.apply_arg(c, arg, {"tiny": tiny, "ewma": ppo.ewma}, common.ALIASES)
+  return c
