@@ -150,13 +150,21 @@ def _task(errors: list[str], cfg, model_cfg) -> None:
   before = len(errors)
   _int(errors, "task.num_eval", t.num_eval)
   _int(errors, "task.seed", t.seed, minimum=0)
-  if t.name != "arithmetic":
+  if t.name not in tasks.EMBEDDED:
     if not cfg.model.hf_checkpoint:
       errors.append(f"task.name={t.name!r} needs a tokenizer: set model.hf_checkpoint")
     for f in ("max_prompt_len", "max_answer_len") + (("rg_size",) if t.name == "reasoning_gym"
                                                      else ()):
       _int(errors, f"task.{f}", t[f])
     return  # the text tasks read their data when built: the run builds them
+  if t.name != "arithmetic":  # another embedded task: its constructor checks its fields
+    try:
+      task = tasks.make(t)
+    except (ValueError, TypeError) as e:
+      errors.append(str(e))
+      return
+    _vocabulary(errors, task, model_cfg)
+    return
   _int(errors, "task.digits", t.digits)
   _int(errors, "task.mul_digits", t.mul_digits)
   _bool(errors, "task.partial_credit", t.partial_credit)
@@ -172,6 +180,10 @@ def _task(errors: list[str], cfg, model_cfg) -> None:
     errors.append(f"task.num_eval={t.num_eval} leaves too few training problems: "
                   f"task.digits={t.digits}, task.ops={t.ops!r} give {space} problems; use at most "
                   f"{space // 2}")
+  _vocabulary(errors, task, model_cfg)
+
+
+def _vocabulary(errors: list[str], task, model_cfg) -> None:
   if model_cfg is not None and model_cfg.vocab_size < task.tokenizer.vocab_size:
     errors.append(f"model.vocab_size={model_cfg.vocab_size} is smaller than the task's "
                   f"vocabulary ({task.tokenizer.vocab_size})")

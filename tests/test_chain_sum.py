@@ -13,20 +13,6 @@ from rlscale.tasks.chain_sum import ChainSum
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _validation_knows_chain_sum() -> bool:
-  """config_validation treats task names outside 'arithmetic' as text tasks until it reads
-  tasks.EMBEDDED (a one-line change in a file this task's author does not own)."""
-  import inspect
-  from rlscale import config_validation
-  return "EMBEDDED" in inspect.getsource(config_validation)
-
-
-needs_validation = pytest.mark.xfail(
-    not _validation_knows_chain_sum(), strict=True,
-    reason="rlscale/config_validation.py refuses task.name='chain_sum' (needs a tokenizer) "
-           "until it treats tasks.EMBEDDED names as embedded")
-
-
 def _steps(text):
   """[(x, y, written sum)] of a scratchpad."""
   out = []
@@ -116,7 +102,6 @@ def test_bad_fields_are_refused_with_their_name(field, value):
     tasks.make(cfg)
 
 
-@needs_validation
 def test_config_validation_names_the_field():
   cfg = config_files.load(os.path.join(REPO, "configs", "grpo_chain_sum.py:tiny"))
   with cfg.unlocked():
@@ -135,7 +120,6 @@ def test_the_configs_fit_the_task():
 
 
 @pytest.mark.slow
-@needs_validation
 def test_tiny_config_runs(tmp_path):
   """The tiny variant end to end (tiny SFT base, two GRPO steps): ~30 s on 2 CPU cores."""
   cfg = config_files.load(os.path.join(REPO, "configs", "grpo_chain_sum.py:tiny"))
