@@ -14,6 +14,7 @@ import ml_collections
 
 from rlscale import config_common as common
 from rlscale import config_files
+from rlscale.sweep import axes as sw
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 ppo = config_files.load_module(os.path.join(_HERE, "ppo.py"))[0]  # the PPO recipe
@@ -35,3 +36,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.train.num_steps, c.train.eval_every = g.train.num_steps, g.train.eval_every
   common.apply_arg(c, arg, {"tiny": tiny, "ewma": ppo.ewma}, common.ALIASES)
   return c
+
+
+def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
+  """actor_critic: the actor's and the critic's batch (responses per optimizer step, by their
+  mini-batch counts, together) at equal responses, each with its sqrt lr rule: how do their
+  gradient norms (signal and noise) follow the batch? Used by configs/studies/chain_sum_cpu.py."""
+  tiny = "tiny" in (arg or "").split(",")
+  counts = [1, 2] if tiny else [1, 2, 4, 8]  # B = 512 ... 64 responses at P=128, G=4
+  return {
+      "actor_critic": sw.product(
+          sw.zip_axes({"rl.num_minibatches": counts, "critic.num_minibatches": counts}),
+          sw.fixed(**{"optim.lr_scaling": "sqrt", "critic.optim.lr_scaling": "sqrt",
+                      "train.eval_every_responses": 64 if tiny else 1024,
+                      "eval.sampled": False, "responses": 256 if tiny else 10240})),
+  }
