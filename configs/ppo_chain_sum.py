@@ -44,10 +44,12 @@ def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
   gradient norms (signal and noise) follow the batch? Used by configs/studies/chain_sum_cpu.py."""
   tiny = "tiny" in (arg or "").split(",")
   counts = [1, 2] if tiny else [1, 2, 4, 8]  # B = 512 ... 64 responses at P=128, G=4
+  # tiny: 4-row micro-batches, two passes per mini-batch of 8 for the noise scale.
+  micro = {"rl.microbatch": 4, "critic.microbatch": 4} if tiny else {}
   return {
       "actor_critic": sw.product(
           sw.zip_axes({"rl.num_minibatches": counts, "critic.num_minibatches": counts}),
           sw.fixed(**{"optim.lr_scaling": "sqrt", "critic.optim.lr_scaling": "sqrt",
                       "train.eval_every_responses": 64 if tiny else 1024,
-                      "eval.sampled": False, "responses": 256 if tiny else 10240})),
+                      "eval.sampled": False, "responses": 256 if tiny else 10240, **micro})),
   }
