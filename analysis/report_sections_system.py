@@ -19,24 +19,32 @@ from report_sections import Figure, Section, batch_series
 _MODELS = {"actor": "actor/grad_norm", "critic": "critic/grad_norm"}
 
 
-def _window(used: pd.DataFrame) -> tuple[float, float]:
-  """The middle third of the shortest run's responses: every run has been there."""
-  shortest = float(used.responses_seen.min())
-  return shortest / 3, 2 * shortest / 3
+def _trained(run, key: str) -> list[tuple[float, float]]:
+  """(responses_seen, grad norm) of the steps where the model trained (a PPO actor is idle, with
+  a zero gradient, while the critic warms up)."""
+  return [(x["responses_seen"], x[key]) for x in run.rows
+          if isinstance(x.get(key), (int, float)) and math.isfinite(x[key]) and x[key] > 0
+          and "responses_seen" in x]
 
 
 def grad_points(study: st.Study) -> pd.DataFrame:
-  """Per run and model: its B and mean |g|^2 and |g| over the matched window."""
-  used = study.used()
-  lo, hi = _window(used)
+  """Per run and model: its B and mean |g|^2 and |g| over a matched window of responses seen,
+  per kind and model the middle third of the span every one of their runs trained in."""
   out = []
-  for r in used.itertuples():
-    run = study.records[r.run]
+  for kind, group in study.used().groupby("kind"):
+    runs = [(r.run, study.records[r.run]) for r in group.itertuples()]
     for model, key in _MODELS.items():
-      g = [x[key] for x in run.rows if lo <= x.get("responses_seen", -1) <= hi
-           and isinstance(x.get(key), (int, float)) and math.isfinite(x[key])]
-      if g and model in run.plan.models:
-        out.append(dict(run=r.run, kind=r.kind, model=model, B=run.plan.models[model].minibatch,
+      series = {name: _trained(run, key) for name, run in runs if model in run.plan.models}
+      series = {k: v for k, v in series.items() if v}
+      if not series:
+        continue
+      start = max(v[0][0] for v in series.values())
+      end = min(v[-1][0] for v in series.values())
+      lo, hi = start + (end - start) / 3, start + 2 * (end - start) / 3
+      for name, pts in series.items():
+        g = [y for x, y in pts if lo <= x <= hi] or [min(pts, key=lambda p: abs(p[0] - lo))[1]]
+        out.append(dict(run=name, kind=kind, model=model, lo=lo, hi=hi,
+                        B=study.records[name].plan.models[model].minibatch,
                         grad_sq=float(np.mean(np.square(g))), grad_norm=float(np.mean(g))))
   return pd.DataFrame(out)
 
@@ -47,7 +55,6 @@ def actor_critic(study: st.Study, table: pd.DataFrame) -> Section:
   if pts.empty or pts.groupby(["kind", "model"]).B.nunique().max() < 2:
     sec.skipped = "no grad norms at two or more batch sizes."
     return sec
-  lo, hi = _window(study.used())
   rows, sq, norm = [], [], []
   for (kind, model), g in pts.groupby(["kind", "model"]):
     if g.B.nunique() < 2 or (g.grad_sq > 0).sum() < 2:
@@ -58,7 +65,8 @@ def actor_critic(study: st.Study, table: pd.DataFrame) -> Section:
     pos = g[g.grad_norm > 0]  # a zero gradient (no reward signal yet) has no logarithm
     p = (fits.fit_power(pos.B, pos.grad_norm) if pos.B.nunique() >= 2
          else dict(exponent=math.nan, coef=math.nan))
-    rows.append(dict(kind=kind, model=model, runs=len(g), grad_sq_true=f["grad_sq_true"],
+    rows.append(dict(kind=kind, model=model, runs=len(g), lo=g.lo.iloc[0], hi=g.hi.iloc[0],
+                     grad_sq_true=f["grad_sq_true"],
                      trace=f["trace"], b_simple_fit=f["b_simple"], r2=f["r2"],
                      grad_sq_lo=f["grad_sq_true_interval"][0],
                      grad_sq_hi=f["grad_sq_true_interval"][1],
@@ -81,9 +89,11 @@ def actor_critic(study: st.Study, table: pd.DataFrame) -> Section:
     sec.skipped = "no model with nonzero grad norms at two or more batch sizes."
     return sec
   res = pd.DataFrame(rows)
-  sec.text.append(f"Mean squared grad norm per run over responses seen in [{num(lo)}, {num(hi)}] "
-                  "(the middle third of the shortest run), regressed on 1/B: "
-                  "E|g_B|² = |G|² + tr Σ/B; B_simple = tr Σ/|G|².")
+  windows = "; ".join(f"{r.kind} {r.model} [{num(r.lo)}, {num(r.hi)}]" for r in res.itertuples())
+  sec.text.append("Mean squared grad norm per run over a matched window of responses seen (per "
+                  "kind and model, the middle third of the span where all its runs trained: "
+                  f"{windows}), regressed on 1/B: E|g_B|² = |G|² + tr Σ/B; "
+                  "B_simple = tr Σ/|G|².")
   sec.tables.append(("Signal and noise per model (95% intervals from the regression)",
                      _show(res)))
   for r in res.itertuples():

@@ -403,7 +403,8 @@ def config_table(study: Study, target: float | None = None) -> pd.DataFrame:
   vals = seed_values(study, target)
   first = used.groupby("config").first()
   agg = used.groupby("config").agg(n_seeds=("run", "size"), throughput=("throughput", "median"),
-                                   b_simple=("b_simple", "mean"), final_best=("final", "max"))
+                                   b_simple=("b_simple", "mean"), final_best=("final", "max"),
+                                   responses=("responses_seen", "max"))
   table = first[_DESCRIBE].join(agg)
   for col in ("rtt", "ttt", "final"):
     groups = {c: _finite_or_inf(v[col]) for c, v in vals.items()}
@@ -434,8 +435,9 @@ def reference_of(table: pd.DataFrame, kind: str, rule: str) -> tuple[str | None,
     return None, "no configuration"
   b0 = float(same.B0.mode().iloc[0])
   g = main_group_size(table, kind)
-  def best(c):
-    return c.assign(_g=(c.G != g), _s=-c.n_seeds).sort_values(["_g", "_s"]).iloc[0].config
+  def best(c):  # the main G, then the most seeds, then the longest runs (not a tuning stage's)
+    return c.assign(_g=(c.G != g), _s=-c.n_seeds, _r=-c.responses).sort_values(
+        ["_g", "_s", "_r"]).iloc[0].config
   at_b0 = same[same.B == b0]
   if len(at_b0[at_b0.lr_rule == rule]):
     return best(at_b0[at_b0.lr_rule == rule]), f"B0={b0:g}"

@@ -84,6 +84,9 @@ def test_fits_recover_the_known_laws(fake):
   assert _number(md, r"ppo critic: B_simple from the fit = ([\d.]+)") == pytest.approx(
       critic, rel=0.15)
   assert "**Fastest to 0.6**: grpo P=32 G=8 B=256 sqrt" in md
+  # The PPO actor's window starts after every run's critic warm-up (its zero gradients).
+  warmup = fake_study.CRITIC_WARMUP_STEPS * 32 * 8  # responses of the largest P's warm-up
+  assert _number(md, r"ppo actor \[([\d.]+k?), ") > warmup
 
 
 def test_tiny_sweep_says_the_target_was_not_reached(tmp_path):
