@@ -66,14 +66,18 @@ def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
   evals = sw.fixed(**{"train.eval_every_responses": 32 if tiny else 512, "eval.sampled": False})
   lrs = {"lr": [5e-5, 1e-4, 2e-4]}  # around the config's lr, at the reference batch
   prompts = [2, 4, 8] if tiny else [16, 32, 64, 128, 256]  # B = 128 ... 2048 at G=8
+  ref = 4 if tiny else 32  # the P of the reference batch (tiny: the middle one)
   pairs = [(4, 4), (1, 16)] if tiny else [(16, 16), (64, 4)]  # P x G of the reference's
   return {
       # The learning rate at the reference batch, before any batch is compared with it.
       "lr_tuning": sw.product(lrs, seeds, sw.fixed(responses=128 if tiny else 8192), evals),
       # Curves against responses: where does invariance break, with and without the lr rule?
-      "batch_invariance": sw.product({"p": prompts}, sw.fixed(g=8),
-                                     {"optim.lr_scaling": ["sqrt", "none"]}, seeds,
-                                     sw.fixed(responses=256 if tiny else 16384), evals),
+      # At the reference (P=32) both rules give the same lr: that run is not repeated.
+      "batch_invariance": sw.product(
+          sw.chain(sw.product({"p": prompts}, {"optim.lr_scaling": ["sqrt"]}),
+                   sw.product({"p": [p for p in prompts if p != ref]},
+                              {"optim.lr_scaling": ["none"]})),
+          sw.fixed(g=8), seeds, sw.fixed(responses=256 if tiny else 16384), evals),
       # Equal P x G (= B here): does only the product matter?
       "group_vs_prompts": sw.product(sw.zip_axes({"p": [p for p, _ in pairs],
                                                   "g": [g for _, g in pairs]}),
