@@ -83,3 +83,23 @@ def test_a_file_without_stages_is_refused():
 def test_the_report_script_is_found_in_the_checkout():
   from rlscale.sweep import study_cli
   assert study_cli.report_script() == os.path.join(REPO, "analysis", "report.py")
+
+
+def test_the_shipped_cpu_study_declares_its_stages(tmp_path):
+  r = subprocess.run([sys.executable, os.path.join(REPO, "launch", "study.py"),
+                      "--study=configs/studies/chain_sum_cpu.py", f"--workdir={tmp_path}/st",
+                      "--dry_run"], capture_output=True, text=True, timeout=300, cwd=REPO)
+  assert r.returncode == 0, r.stderr
+  heads = [line for line in r.stdout.splitlines() if not line.startswith("  ")]
+  assert heads == [
+      "lr: sweep lr_tuning of configs/grpo_chain_sum.py, 6 points, chooses lr",
+      "batch: sweep batch_invariance of configs/grpo_chain_sum.py:lr={lr} (after the choice of "
+      "lr)",
+      "pairs: sweep group_vs_prompts of configs/grpo_chain_sum.py:lr={lr} (after the choice of "
+      "lr)",
+      "ppo: sweep actor_critic of configs/ppo_chain_sum.py, 4 points"]
+  # Its later stages are valid sweeps once the lr is chosen (checked before anything runs).
+  from rlscale.sweep import points
+  config = os.path.join(REPO, "configs", "grpo_chain_sum.py:lr=0.0002")
+  assert len(points.points(config, "batch_invariance", str(tmp_path / "b"))) == 18
+  assert len(points.points(config, "group_vs_prompts", str(tmp_path / "p"))) == 4
