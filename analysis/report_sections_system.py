@@ -97,7 +97,10 @@ def actor_critic(study: st.Study, table: pd.DataFrame) -> Section:
   sec.tables.append(("Signal and noise per model (95% intervals from the regression)",
                      _show(res)))
   for r in res.itertuples():
-    sec.verdict.append(f"{r.kind} {r.model}: B_simple from the fit = {num(r.b_simple_fit)} "
+    resolved = r.grad_sq_true > 0 and r.trace > 0  # else noise hides the 1/B trend
+    fit = (f"B_simple from the fit = {num(r.b_simple_fit)}" if resolved else
+           "B_simple not resolvable (a non-positive |G|² or tr Σ: no 1/B trend above noise)")
+    sec.verdict.append(f"{r.kind} {r.model}: {fit} "
                        f"(|G|² {num(r.grad_sq_true)}, tr Σ {num(r.trace)}); grad norm ∝ "
                        f"B^{r.norm_exponent:.2f} (−0.5 would be pure noise).")
   sec.figures += [
@@ -142,17 +145,23 @@ def time_points(study: st.Study) -> pd.DataFrame:
   return pd.DataFrame(out)
 
 
+def _varies(x: pd.Series) -> bool:
+  """A step size that spans at least 1.5x: a fit over less (e.g. runs that vary only their
+  mini-batches, whose tokens per step differ by response lengths alone) would be noise."""
+  return x.nunique() >= 2 and x.max() >= 1.5 * x.min()
+
+
 def _timing_fits(g: pd.DataFrame) -> dict:
   gen = g.dropna(subset=["generate_s"])
   tr = g.dropna(subset=["train_s", "train_tokens"])
   gen, tr = gen[gen.generate_s > 0], tr[(tr.train_s > 0) & (tr.train_tokens > 0)]
   out = {}
-  if gen.responses.nunique() >= 2:
+  if _varies(gen.responses):
     out.update(fits.fit_generation_time(gen.responses, gen.generate_s))
     out["gen_exponent"] = fits.fit_power(gen.responses, gen.generate_s)["exponent"]
     out["critical_generation_batch"] = fits.critical_generation_batch(
         gen.responses, gen.responses / gen.generate_s)
-  if tr.train_tokens.nunique() >= 2:
+  if _varies(tr.train_tokens):
     lin = fits.fit_linear(tr.train_tokens, tr.train_s)
     out.update(train_s_per_token=lin["slope"], train_intercept=lin["intercept"],
                train_r2=lin["r2"],
@@ -187,7 +196,8 @@ def timing(study: st.Study, table: pd.DataFrame) -> Section:
   res = pd.DataFrame(rows)
   sec.text.append("Per run, the median over steps ≥ 2 of time/generate against responses per "
                   "step N, and of time/actor_update + time/critic_update + time/logprobs against "
-                  "train tokens per step; each kind (and chip count) fitted separately.")
+                  "train tokens per step; each kind (and chip count) fitted separately, when "
+                  "its step sizes span at least 1.5x.")
   sec.tables.append(("Timing fits", res.drop(columns=["train_intercept"], errors="ignore")))
   for r in rows:
     _timing_verdict(sec, r)
