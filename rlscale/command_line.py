@@ -7,8 +7,10 @@ parse error needs it) shows the traceback too.
 from __future__ import annotations
 
 import re
+import sys
+from typing import Callable
 
-from absl import flags
+from absl import app, flags
 
 from rlscale.batch import ConfigError
 
@@ -39,3 +41,16 @@ def one_line(error: ConfigError) -> str:
   if len(problems) > 1 and problems[0] == "invalid config:":
     problems = ["invalid config: " + "; ".join(problems[1:])]
   return "error: " + " ".join(problems)
+
+
+def run_app(run: Callable[[list[str]], int]) -> None:
+  """absl's app.run of `run(argv) -> exit status`, with a ConfigError (a user's mistake) as one
+  line and exit status 2 (with --verbose, its traceback too)."""
+  show_traceback = verbose(sys.argv)
+  try:
+    app.run(lambda argv: sys.exit(run(argv)), flags_parser=parse_flags)
+  except ConfigError as e:
+    if show_traceback:
+      raise
+    print(one_line(e), file=sys.stderr)
+    sys.exit(2)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from rlscale import command_line
 from rlscale.batch import ConfigError
@@ -102,14 +102,7 @@ def run(argv) -> int:
 
 def main() -> None:
   define_flags()
-  verbose = command_line.verbose(sys.argv)
-  try:
-    app.run(lambda argv: sys.exit(run(argv)), flags_parser=command_line.parse_flags)
-  except ConfigError as e:
-    if verbose:
-      raise
-    print(command_line.one_line(e), file=sys.stderr)
-    sys.exit(2)
+  command_line.run_app(run)
 
 
 if __name__ == "__main__":

@@ -13,20 +13,19 @@ gap that RL closes first on real models, here in miniature.
 
 from __future__ import annotations
 
-import functools
 import zlib
 
 import numpy as np
 
-from rlscale.tasks.base import Problem, Score, Task
+from rlscale.tasks.base import Problem, Score
 from rlscale.tasks.char_tokenizer import CharTokenizer
+from rlscale.tasks.procedural import Procedural
 from rlscale.tasks.verifiers import digit_credit, exact_integer
 
 ALPHABET = "0123456789+-*="
-_TRAIN, _EVAL = 0, 1
 
 
-class Arithmetic(Task):
+class Arithmetic(Procedural):
   def __init__(self, digits: int = 3, ops: str = "+-*", mul_digits: int = 1, num_eval: int = 500,
                seed: int = 0, partial_credit: bool = False, restate: float = 0.0):
     if digits < 1 or mul_digits < 1:
@@ -54,35 +53,6 @@ class Arithmetic(Task):
       a, b = b, a
     value = a + b if op == "+" else a - b if op == "-" else a * b
     return Problem(f"{a}{op}{b}=", str(value))
-
-  @functools.cached_property
-  def _eval(self) -> list[Problem]:
-    out, seen, i = [], set(), 0
-    while len(out) < self.num_eval and i < 50 * self.num_eval:
-      p = self._draw(np.random.default_rng([self.seed, _EVAL, i]))
-      i += 1
-      if p.question not in seen:
-        seen.add(p.question)
-        out.append(p)
-    return out
-
-  @functools.cached_property
-  def _eval_questions(self) -> frozenset[str]:
-    return frozenset(p.question for p in self._eval)
-
-  def problem(self, index: int) -> Problem:
-    """Training problem `index`; problems of the held-out set are skipped."""
-    for attempt in range(1000):
-      p = self._draw(np.random.default_rng([self.seed, _TRAIN, index, attempt]))
-      if p.question not in self._eval_questions:
-        return p
-    raise RuntimeError("task: the held-out set covers the whole problem space; lower num_eval")
-
-  def eval_problems(self) -> list[Problem]:
-    return list(self._eval)
-
-  def prompt_ids(self, problem: Problem) -> list[int]:
-    return self.tokenizer.encode(problem.question, add_special_tokens=True)
 
   def demonstration(self, problem: Problem) -> str:
     """The bare answer, or for a fixed `restate` share of problems the whole equation."""

@@ -26,21 +26,20 @@ flawed. `flaw` is the difficulty knob: the higher, the rarer a right chain in sa
 
 from __future__ import annotations
 
-import functools
 import re
 import zlib
 
 import numpy as np
 
-from rlscale.tasks.base import Problem, Score, Task
+from rlscale.tasks.base import Problem, Score
 from rlscale.tasks.char_tokenizer import CharTokenizer
+from rlscale.tasks.procedural import Procedural
 
 ALPHABET = "0123456789+=;"
-_TRAIN, _EVAL = 0, 1
 _INT = re.compile(r"[0-9]{1,12}")
 
 
-class ChainSum(Task):
+class ChainSum(Procedural):
   def __init__(self, terms: int = 4, digits: int = 1, flaw: float = 0.65, num_eval: int = 500,
                seed: int = 0):
     for name, value, least in (("terms", terms, 2), ("digits", digits, 1),
@@ -67,35 +66,6 @@ class ChainSum(Task):
   def _draw(self, rng: np.random.Generator) -> Problem:
     terms = tuple(int(x) for x in rng.integers(0, 10**self.digits, size=self.terms))
     return Problem("+".join(map(str, terms)) + "=", str(sum(terms)), terms)
-
-  @functools.cached_property
-  def _eval(self) -> list[Problem]:
-    out, seen, i = [], set(), 0
-    while len(out) < self.num_eval:
-      p = self._draw(np.random.default_rng([self.seed, _EVAL, i]))
-      i += 1
-      if p.question not in seen:
-        seen.add(p.question)
-        out.append(p)
-    return out
-
-  @functools.cached_property
-  def _eval_questions(self) -> frozenset[str]:
-    return frozenset(p.question for p in self._eval)
-
-  def problem(self, index: int) -> Problem:
-    """Training problem `index`; problems of the held-out set are skipped."""
-    for attempt in range(1000):
-      p = self._draw(np.random.default_rng([self.seed, _TRAIN, index, attempt]))
-      if p.question not in self._eval_questions:
-        return p
-    raise RuntimeError("task: the held-out set covers the whole problem space; lower num_eval")
-
-  def eval_problems(self) -> list[Problem]:
-    return list(self._eval)
-
-  def prompt_ids(self, problem: Problem) -> list[int]:
-    return self.tokenizer.encode(problem.question, add_special_tokens=True)
 
   # --- the two procedures ---
 
