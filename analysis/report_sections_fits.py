@@ -167,6 +167,69 @@ def _sigmoid_row(study: st.Study, r) -> tuple[dict, pd.DataFrame | None]:
   return row, data
 
 
+def _flops_curve(run, metric: str) -> tuple[list, list] | None:
+  """(cumulative model FLOPs, metric) at each evaluation, from the rows' flops/step; None when a
+  step lacks it (runs from before it was logged)."""
+  total, xs, ys = 0.0, [], []
+  for row in run.rows:
+    if row.get("step", 0) > 0:
+      if not isinstance(row.get("flops/step"), (int, float)):
+        return None
+      total += row["flops/step"]
+    if isinstance(row.get(metric), (int, float)):
+      xs.append(total)
+      ys.append(float(row[metric]))
+  return xs, ys
+
+
+def _flops_fit(study: st.Study, r) -> tuple[dict, pd.DataFrame | None]:
+  """The sigmoid in FLOPs of one configuration: mean FLOPs and median metric per evaluation."""
+  used = study.used()
+  curves = [_flops_curve(study.records[run], study.metric)
+            for run in used[used.config == r.config].run]
+  row = dict(configuration=r.label)
+  if not curves or any(c is None for c in curves):
+    return dict(row, error="no flops/step"), None
+  n = min(len(c[0]) for c in curves)
+  x = np.mean([c[0][:n] for c in curves], axis=0)
+  y = np.median([c[1][:n] for c in curves], axis=0)
+  try:
+    f = fits.fit_sigmoid(x, y)
+  except (ValueError, RuntimeError) as e:
+    return dict(row, error=str(e).splitlines()[0]), None
+  grid = np.geomspace(x[x > 0].min(), x.max(), 50)
+  panel = f"{r.kind} {r.lr_rule}"
+  data = pd.concat([
+      pd.DataFrame({"panel": panel, "series": f"B={r.B}", "x": x, "y": y, "style": "points"}),
+      pd.DataFrame({"panel": panel, "series": f"B={r.B} fit", "x": grid, "style": "fit",
+                    "y": fits.sigmoid(grid, f["r0"], f["A"], f["B"], f["c_mid"])})])
+  return dict(row, A=f["A"], B=f["B"], C_mid_flops=f["c_mid"], rmse=f["rmse"], error=""), data
+
+
+def _flops_section(study: st.Study, table: pd.DataFrame, sec: Section) -> None:
+  rows, parts = [], []
+  for kind, rule in table[["kind", "lr_rule"]].drop_duplicates().itertuples(index=False):
+    for r in batch_series(table, kind, rule).itertuples():
+      row, data = _flops_fit(study, r)
+      rows.append(row)
+      if data is not None:
+        parts.append(data)
+  if not parts:
+    sec.text.append("FLOPs: absent (no flops/step in the runs' metrics: runs from before it "
+                    "was logged); curves are in responses only.")
+    return
+  sec.text.append("In FLOPs: the same fit against the model FLOPs the runs spent (the sum of "
+                  "flops/step: generation, log-probs and updates, as rlscale/flops.py counts "
+                  "them), seeds' FLOPs averaged and metric's median per evaluation.")
+  sec.tables.append(("Sigmoid fits in FLOPs (point fits)", pd.DataFrame(rows)))
+  sec.figures.append(Figure(
+      "4_compute_curves_flops", f"`{study.metric}` vs model FLOPs spent (median over seeds) "
+      "with the fitted sigmoid, one panel per kind and LR rule.\nA batch that needs more FLOPs "
+      "for the same gain spends them on responses, extra forwards or updates.",
+      pd.concat(parts, ignore_index=True),
+      functools.partial(figures.lines, xlabel="model FLOPs", ylabel=study.metric, logx=True)))
+
+
 def compute_curves(study: st.Study, table: pd.DataFrame) -> Section:
   sec = Section("Compute–performance curves")
   if table.empty:
@@ -180,16 +243,11 @@ def compute_curves(study: st.Study, table: pd.DataFrame) -> Section:
       if data is not None:
         parts.append(data)
   res = pd.DataFrame(rows)
-  has_flops = any(k.startswith("flops/") for run in study.records.values() for k in
-                  (run.rows[-1] if run.rows else {}))
   sec.text += [f"R(C) = R0 + (A − R0)/(1 + (C_mid/C)^B) with C in responses, fitted per "
                f"configuration (grid over A and C_mid, B by least squares) on the mean of its "
                f"seeds; intervals: min({study.opts.fit_reps}, 10 × seeds) bootstrap reps over "
                "seeds. "
-               "Extrapolation: fitted on the first half of the responses, predicted at the end.",
-               "FLOPs: " + ("the rows carry flops/ metrics but this report plots responses only."
-                            if has_flops else "absent (no flops/ key in the runs' metrics); "
-                            "curves are in responses only.")]
+               "Extrapolation: fitted on the first half of the responses, predicted at the end."]
   sec.tables.append(("Sigmoid fits (A: asymptote, B: efficiency, C_mid: half-gain responses)",
                      _show_sigmoid(res)))
   if parts:
@@ -207,6 +265,7 @@ def compute_curves(study: st.Study, table: pd.DataFrame) -> Section:
       sec.verdict.append(f"Highest fitted asymptote: {top.configuration}: A = "
                          f"{interval(top.fit_A, top.fit_A_lo, top.fit_A_hi)} (extrapolation "
                          f"error from half the data: {num(top.extrapolation_error)}).")
+  _flops_section(study, table, sec)
   return sec
 
 

@@ -152,7 +152,8 @@ class RLTrainer:
     out = {"throughput/gen_tokens_per_s": p.host["response_tokens"] / p.phases["generate"],
            "throughput/train_tokens_per_s":
                p.host["train_tokens"] * self.plan.main.num_epochs / update_s,
-           "throughput/responses_per_s": self.plan.responses / wall}
+           "throughput/responses_per_s": self.plan.responses / wall,
+           "flops/step": sum(step_flops.values())}  # model FLOPs: a report's compute axis
     if self.peak:
       devices = self.peak * jax.device_count()
       out["mfu/generate"] = step_flops["generate"] / p.phases["generate"] / devices

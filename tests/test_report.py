@@ -15,7 +15,7 @@ import fake_study  # noqa: E402
 import report  # noqa: E402
 
 STEMS = ["1_time_to_target_PxG", "2_curves_vs_responses", "2_rtt_ratio_vs_batch",
-         "3_bcrit_vs_target", "3_steps_vs_responses", "4_compute_curves",
+         "3_bcrit_vs_target", "3_steps_vs_responses", "4_compute_curves", "4_compute_curves_flops",
          "5_grad_sq_vs_inverse_batch", "5_grad_norm_vs_batch", "6_generation_time",
          "6_training_time", "7_rtt_per_rule", "7_equal_PxG_curves"]
 

@@ -52,8 +52,9 @@ def test_grpo_tiny_end_to_end(tmp_path):
                 "actor/lr", "actor/b1", "actor/b2", "actor/eps", "tokens_seen",
                 "time/generate", "time/reward", "time/actor_update", "time/other", "wall_time",
                 "throughput/gen_tokens_per_s", "throughput/train_tokens_per_s",
-                "throughput/responses_per_s"):
+                "throughput/responses_per_s", "flops/step"):
       assert key in r and np.isfinite(r[key]), key
+    assert r["flops/step"] > 0  # the model FLOPs of the step (a report's compute axis)
     unit = "prompts" if r["step"] % 2 == 0 else "responses"  # alternate partitions
     for k in ("b_simple", "grad_sq_est", "trace_est", "grad_sq_ema", "trace_ema"):
       assert f"actor/noise_{unit}/{k}" in r, (r["step"], k)
