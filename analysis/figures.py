@@ -28,7 +28,7 @@ def save(fig, data: pd.DataFrame, out: str, stem: str) -> list[str]:
   """stem.png, stem.pdf and stem.csv under `out`."""
   paths = [os.path.join(out, f"{stem}.{ext}") for ext in ("png", "pdf", "csv")]
   fig.savefig(paths[0], dpi=110)
-  fig.savefig(paths[1])
+  fig.savefig(paths[1], metadata={"CreationDate": None})  # the same data, the same bytes
   plt.close(fig)
   data.to_csv(paths[2], index=False)
   return paths
