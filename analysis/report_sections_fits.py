@@ -167,6 +167,19 @@ def _sigmoid_row(study: st.Study, r) -> tuple[dict, pd.DataFrame | None]:
   return row, data
 
 
+def _each_config(study: st.Study, table: pd.DataFrame, fit) -> tuple[list, list]:
+  """`fit(study, configuration)` over each kind and LR rule's batch series: (its rows, its
+  figure data where it had some)."""
+  rows, parts = [], []
+  for kind, rule in table[["kind", "lr_rule"]].drop_duplicates().itertuples(index=False):
+    for r in batch_series(table, kind, rule).itertuples():
+      row, data = fit(study, r)
+      rows.append(row)
+      if data is not None:
+        parts.append(data)
+  return rows, parts
+
+
 def _flops_curve(run, metric: str) -> tuple[list, list] | None:
   """(cumulative model FLOPs, metric) at each evaluation, from the rows' flops/step; None when a
   step lacks it (runs from before it was logged)."""
@@ -207,13 +220,7 @@ def _flops_fit(study: st.Study, r) -> tuple[dict, pd.DataFrame | None]:
 
 
 def _flops_section(study: st.Study, table: pd.DataFrame, sec: Section) -> None:
-  rows, parts = [], []
-  for kind, rule in table[["kind", "lr_rule"]].drop_duplicates().itertuples(index=False):
-    for r in batch_series(table, kind, rule).itertuples():
-      row, data = _flops_fit(study, r)
-      rows.append(row)
-      if data is not None:
-        parts.append(data)
+  rows, parts = _each_config(study, table, _flops_fit)
   if not parts:
     sec.text.append("FLOPs: absent (no flops/step in the runs' metrics: runs from before it "
                     "was logged); curves are in responses only.")
@@ -235,13 +242,7 @@ def compute_curves(study: st.Study, table: pd.DataFrame) -> Section:
   if table.empty:
     sec.skipped = "no finished run."
     return sec
-  rows, parts = [], []
-  for kind, rule in table[["kind", "lr_rule"]].drop_duplicates().itertuples(index=False):
-    for r in batch_series(table, kind, rule).itertuples():
-      row, data = _sigmoid_row(study, r)
-      rows.append(row)
-      if data is not None:
-        parts.append(data)
+  rows, parts = _each_config(study, table, _sigmoid_row)
   res = pd.DataFrame(rows)
   sec.text += [f"R(C) = R0 + (A − R0)/(1 + (C_mid/C)^B) with C in responses, fitted per "
                f"configuration (grid over A and C_mid, B by least squares) on the mean of its "
