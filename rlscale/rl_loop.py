@@ -45,9 +45,12 @@ class Begun:
 class RLTrainer:
   sample_key = "responses_seen"
 
-  def __init__(self, cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None):
+  def __init__(self, cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None,
+               env: experiment.Setup | None = None):
+    """`env` (mesh, rules, task) replaces the one `cfg` describes: benchmarks/rl_step.py runs
+    the trainer on a task of its own."""
     self.cfg, self.workdir = cfg, workdir
-    self.env = env = experiment.setup(cfg)
+    self.env = env = env or experiment.setup(cfg)
     base = base_policy.resolve(cfg, config_file)
     experiment.prepare_workdir(workdir, cfg)
     policy, self.model_cfg = hf.load_policy(base, env.mesh, env.rules, dtype=cfg.model.dtype,

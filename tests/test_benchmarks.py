@@ -40,3 +40,19 @@ def test_noise_scale_overhead_benchmark(tmp_path):
   assert row["with_noise_scale"]["microbatch"] == row["without"]["microbatch"]
   assert row["without_one_microbatch"]["microbatch"] == 2 * row["without"]["microbatch"]
   assert "overhead_of_step" in row and "overhead_vs_one_microbatch" in row
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_rl_step_benchmark(algorithm):
+  (row,) = _run("rl_step.py", f"--algorithm={algorithm}", "--prompts=4", "--group=4",
+                "--prompt_len=8", "--new_tokens=8", "--layers=2", "--d_model=64", "--mlp_dim=128",
+                "--vocab=64", "--steps=2", "--matmul=128")
+  assert row["P"] * row["G"] == 16 and row["steps"] == 2 and row["microbatch_auto"]
+  assert 0 < row["microbatch"]["actor"] < 16  # the plan's auto choice: 2+ passes (noise scale)
+  assert row["step_s"] >= row["generate_s"] + row["update_s"] > 0
+  assert row["responses_per_s"] == pytest.approx(16 / row["step_s"], rel=0.01)  # rounded
+  assert row["update_tflops_per_s"] > 0 and row["matmul_tflops_per_s"] > 0
+  assert row["host_peak_rss_gb"] > 0
+  if algorithm == "ppo":
+    assert "critic_update_s" in row and 0 < row["microbatch"]["critic"] < 16

@@ -1,0 +1,223 @@
+"""One RL step of the shipped trainer on a random model; prints one JSON line.
+
+    python benchmarks/rl_step.py                       # GRPO, P=64 x G=8, the issue-13 shape
+    python benchmarks/rl_step.py --algorithm=ppo --microbatch=128
+    python benchmarks/rl_step.py --family=qwen2 --layers=24 --d_model=896 --heads=14 \
+        --kv_heads=2 --head_dim=64 --mlp_dim=4864 --vocab=151936 --dtype=bfloat16   # 0.5B
+
+The step is the trainer's own (rlscale/rl_loop.py driven by rlscale/loop.py, as
+`launch/main.py` runs it): the decode on the mesh, scoring, the algorithm's `prepare` and
+`update`, the metrics fetch. Only the model and the task are the benchmark's: a random model
+of the shape the flags give (saved as the run's base checkpoint), and prompts of exactly
+--prompt_len random tokens whose responses run --new_tokens tokens (no EOS) and score the
+fraction of even ids (the peers' reward, ../shared/peers/).
+
+Sizes come from the batch plan: --microbatch 0 (the default) leaves rl.microbatch (and the
+critic's) 'auto', what users get, and the line says what it chose. Times are medians over
+--steps steps after two warm-up steps (compilation); `spread` gives min and max.
+`update_tflops_per_s` is the update's model FLOPs (rlscale/flops.py, the trainer's own count)
+over its time, and `matmul_tflops_per_s` a jitted 2048x2048 matmul of --dtype measured in the
+same process, the machine's reference; `update_fraction_of_matmul` is their ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("family", "qwen3", "llama | qwen2 | qwen3 (qwen2 adds qkv bias, qwen3 qk-norm)")
+flags.DEFINE_integer("layers", 4, "decoder layers")
+flags.DEFINE_integer("d_model", 256, "model width")
+flags.DEFINE_integer("heads", 4, "query heads")
+flags.DEFINE_integer("kv_heads", 2, "key/value heads")
+flags.DEFINE_integer("head_dim", 64, "width of one head")
+flags.DEFINE_integer("mlp_dim", 704, "SwiGLU hidden width")
+flags.DEFINE_integer("vocab", 512, "vocabulary size")
+flags.DEFINE_bool("tied", True, "tie the output head to the embedding")
+flags.DEFINE_string("algorithm", "grpo", "grpo | ppo (configs/grpo.py or configs/ppo.py)")
+flags.DEFINE_integer("prompts", 64, "P: prompts per step")
+flags.DEFINE_integer("group", 8, "G: responses per prompt")
+flags.DEFINE_integer("prompt_len", 32, "tokens per prompt")
+flags.DEFINE_integer("new_tokens", 64, "tokens per response (EOS never ends one)")
+flags.DEFINE_integer("microbatch", 0, "rows per forward/backward pass; 0: the plan's auto")
+flags.DEFINE_string("dtype", "float32", "activation and parameter dtype")
+flags.DEFINE_integer("steps", 3, "timed steps (after two warm-up steps)")
+flags.DEFINE_list("mesh", ["-1", "1", "1"], "data,fsdp,tensor")
+flags.DEFINE_integer("matmul", 2048, "side of the reference matmul (0: skip it)")
+
+
+def bench_task(vocab: int, prompt_len: int, num_eval: int = 8):
+  """Prompts of exactly `prompt_len` random ids in [3, vocab); a response scores the fraction
+  of its even ids. The tokenizer has no EOS, so every response runs the full budget."""
+  import numpy as np
+  from rlscale.tasks.base import Problem, Score, Task
+
+  class Tokenizer:
+    eos_ids, pad_id = (), 0
+    vocab_size = vocab
+
+    def encode(self, text, add_special_tokens=False):
+      return [int(t) for t in text.split()]
+
+    def decode(self, ids, skip_special_tokens=True):
+      return " ".join(str(int(i)) for i in ids)
+
+  class RandomPrompts(Task):
+    tokenizer = Tokenizer()
+    max_prompt_len, max_answer_len = prompt_len, 1
+
+    def problem(self, index):
+      ids = np.random.default_rng(index).integers(3, vocab, prompt_len)
+      return Problem(" ".join(map(str, ids)), "")
+
+    def eval_problems(self):
+      return [self.problem(10**9 + i) for i in range(num_eval)]
+
+    def prompt_ids(self, problem):
+      return self.tokenizer.encode(problem.question)
+
+    def demonstration(self, problem):
+      return ""
+
+    def verify(self, response, problem):
+      return Score(0.0, False)
+
+    def score(self, response_ids, finished, problem):
+      ids = np.asarray(response_ids)
+      return Score(float(np.mean(ids % 2 == 0)) if ids.size else 0.0, False)
+
+  return RandomPrompts()
+
+
+def run_config(workdir: str):
+  """The shipped config of --algorithm with the benchmark's shape, sizes and base checkpoint."""
+  from rlscale import config_files
+  cfg = config_files.load(f"configs/{FLAGS.algorithm}.py")
+  cfg.model.update(vocab_size=FLAGS.vocab, d_model=FLAGS.d_model, num_layers=FLAGS.layers,
+                   num_heads=FLAGS.heads, num_kv_heads=FLAGS.kv_heads, head_dim=FLAGS.head_dim,
+                   mlp_dim=FLAGS.mlp_dim, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype)
+  cfg.mesh.shape = [int(s) for s in FLAGS.mesh]
+  cfg.init.hf_checkpoint = os.path.join(workdir, "base")
+  cfg.rollout.max_new_tokens = FLAGS.new_tokens
+  cfg.rl.num_prompts, cfg.rl.group_size = FLAGS.prompts, FLAGS.group
+  cfg.rl.kl_coef = 0.0  # beta = 0, as the peers run
+  if FLAGS.microbatch:
+    cfg.rl.microbatch = FLAGS.microbatch
+    if "critic" in cfg:
+      cfg.critic.microbatch = FLAGS.microbatch
+  cfg.train.num_steps = FLAGS.steps + 3  # two warm-up steps, the timed ones, the final one
+  cfg.train.eval_every, cfg.train.checkpoint_every, cfg.train.tensorboard = 0, 0, False
+  cfg.train.log_every = 10**6
+  return cfg
+
+
+def base_checkpoint(cfg, env, folder: str) -> None:
+  """A random policy of the config's shape, written where the run loads its base from."""
+  import jax
+  from rlscale import models
+  from rlscale.checkpoints import hf
+  model_cfg = models.ModelConfig(
+      family=FLAGS.family, vocab_size=FLAGS.vocab, d_model=FLAGS.d_model,
+      num_layers=FLAGS.layers, num_heads=FLAGS.heads, num_kv_heads=FLAGS.kv_heads,
+      head_dim=FLAGS.head_dim, mlp_dim=FLAGS.mlp_dim, tie_embeddings=FLAGS.tied,
+      qkv_bias=FLAGS.family == "qwen2", qk_norm=FLAGS.family == "qwen3", dtype=FLAGS.dtype,
+      param_dtype=FLAGS.dtype)
+  policy = models.create_sharded(models.CausalLM, model_cfg, env.mesh, env.rules,
+                                 jax.random.key(0))
+  hf.save_policy(policy, folder, pad_id=0)
+
+
+def matmul_tflops(n: int, dtype: str) -> float:
+  """Median TFLOP/s of a jitted n x n matmul on the first device."""
+  import jax
+  import jax.numpy as jnp
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
+  f = jax.jit(lambda a, b: a @ b)
+  jax.block_until_ready(f(a, a))
+  times = []
+  for _ in range(7):
+    t = time.perf_counter()
+    jax.block_until_ready(f(a, a))
+    times.append(time.perf_counter() - t)
+  return 2 * n**3 / statistics.median(times) / 1e12
+
+
+def peak_memory() -> dict[str, float]:
+  import jax
+  out = {"host_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+  stats = jax.devices()[0].memory_stats() or {}
+  if "peak_bytes_in_use" in stats:
+    out["device_peak_gb"] = stats["peak_bytes_in_use"] / 2**30
+  return out
+
+
+def med(rows, key):
+  vals = [r.get(key, 0.0) for r in rows]
+  return statistics.median(vals), [min(vals), max(vals)]
+
+
+def main(argv):
+  del argv
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  import jax
+  import numpy as np
+  from rlscale import experiment, logs, rl_loop, sharding
+  from rlscale.config_validation import validate
+  from rlscale.loop import Loop
+  logs.quiet_libraries()
+  logging.set_verbosity(logging.WARNING)
+  with tempfile.TemporaryDirectory() as workdir:
+    cfg = run_config(workdir)
+    mesh = sharding.make_mesh(cfg.mesh.shape)
+    rules = sharding.rules_from_config(cfg.mesh.rules)
+    env = experiment.Setup(mesh, rules, bench_task(FLAGS.vocab, FLAGS.prompt_len),
+                           experiment.model_config(cfg))
+    base_checkpoint(cfg, env, cfg.init.hf_checkpoint)
+    validate(cfg)
+    run_dir = os.path.join(workdir, "run")
+    trainer = rl_loop.RLTrainer(cfg, run_dir, None, env=env)
+    Loop(trainer, cfg, run_dir, cfg.train.num_steps, eval_at_start=False).run()
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+      rows = [json.loads(line) for line in f][2:-1]  # no compilation, no final eval and save
+    rows_n = trainer.plan.responses
+    plen = np.full(rows_n, FLAGS.prompt_len)
+    step_flops = trainer.step_flops(plen, np.full(rows_n, FLAGS.new_tokens))
+    plan = trainer.plan.describe()
+  step_s, step_spread = med(rows, "time/step")
+  update_keys = [k for k in rows[0] if k.endswith("_update")]
+  update_times = [sum(r[k] for k in update_keys) for r in rows]
+  update_s = statistics.median(update_times)
+  out = {"benchmark": "rl_step", "algorithm": FLAGS.algorithm, "family": FLAGS.family,
+         "dtype": FLAGS.dtype, "P": FLAGS.prompts, "G": FLAGS.group,
+         "prompt_len": FLAGS.prompt_len, "new_tokens": FLAGS.new_tokens,
+         "microbatch": {m: plan[m]["microbatch"] for m in ("actor", "critic") if m in plan},
+         "microbatch_auto": not FLAGS.microbatch, "generation_batch": plan["generation_batch"],
+         "step_s": step_s, "spread": {"step_s": step_spread},
+         "responses_per_s": rows_n / step_s, "update_s": update_s,
+         "update_tflops_per_s": step_flops["update"] / update_s / 1e12,
+         "steps": len(rows), "devices": jax.device_count(),
+         "device_kind": jax.devices()[0].device_kind}
+  for k in ["time/generate", "time/reward", "time/logprobs", "time/other"] + update_keys:
+    if k in rows[0]:
+      name = k.split("/")[1] + "_s"
+      out[name], out["spread"][name] = med(rows, k)
+  out["spread"]["update_s"] = [min(update_times), max(update_times)]
+  if FLAGS.matmul:
+    out["matmul_tflops_per_s"] = matmul_tflops(FLAGS.matmul, FLAGS.dtype)
+    out["update_fraction_of_matmul"] = out["update_tflops_per_s"] / out["matmul_tflops_per_s"]
+  out.update(peak_memory())
+  out["loadavg_1m_at_end"] = os.getloadavg()[0]
+  out["spread"] = {k: [round(v, 4) for v in vs] for k, vs in out["spread"].items()}
+  print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}))
+
+
+if __name__ == "__main__":
+  app.run(main)
