@@ -279,8 +279,8 @@ def _from_hf(cfg: ModelConfig, path: tuple, get: Callable[[str], np.ndarray]) ->
     return np.concatenate([q, k, v], axis=1)
   if name == "o":
     return get(p + "self_attn.o_proj.weight").T.reshape(kv, g, d, e)
-  if name == "gate_up":
-    return np.stack([get(p + "mlp.gate_proj.weight").T, get(p + "mlp.up_proj.weight").T], axis=1)
+  if name in ("gate", "up"):
+    return get(p + f"mlp.{name}_proj.weight").T
   if name == "down":
     return get(p + "mlp.down_proj.weight").T
   raise CheckpointError(f"no Hugging Face tensor maps to parameter {'/'.join(map(str, path))}")
@@ -314,9 +314,8 @@ def _to_hf(cfg: ModelConfig, path: tuple, x: np.ndarray) -> Iterator[tuple[str, 
     yield p + "self_attn.v_proj.bias", x[:, g + 1].reshape(-1)
   elif name == "o":
     yield p + "self_attn.o_proj.weight", x.reshape(-1, e).T
-  elif name == "gate_up":
-    yield p + "mlp.gate_proj.weight", x[:, 0].T
-    yield p + "mlp.up_proj.weight", x[:, 1].T
+  elif name in ("gate", "up"):
+    yield p + f"mlp.{name}_proj.weight", x.T
   elif name == "down":
     yield p + "mlp.down_proj.weight", x.T
   else:

@@ -3,10 +3,12 @@
 Weight layouts are chosen for speed and for tensor parallelism over KV heads:
   qkv      [embed, kv_heads, group_size + 2, head_dim]  (the G query heads of a KV head, then k, v)
   o        [kv_heads, group_size, head_dim, embed]
-  gate_up  [embed, 2, mlp]
+  gate, up [embed, mlp]
   down     [mlp, embed]
-One matmul produces q, k and v, one produces gate and up; sharding `kv_heads` over `tensor`
-keeps every query head on the shard that holds its KV head.
+One matmul produces q, k and v; sharding `kv_heads` over `tensor` keeps every query head on
+the shard that holds its KV head. Gate and up are two weights and two matmuls: one joint
+[embed, 2, mlp] matmul whose output is sliced costs a pad, an add and a transpose of that
+output in the backward pass.
 """
 
 from __future__ import annotations
@@ -94,16 +96,36 @@ def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array,
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-  """Rotate-half rotary embedding; cos/sin broadcast against x [..., head_dim]."""
+  """Rotate-half rotary embedding; cos/sin [..., head_dim/2] broadcast against x [..., head_dim].
+
+  With x = (x1, x2) in halves: (x1 cos - x2 sin, x2 cos + x1 sin), computed as
+  x * (cos, cos) + swap(x) * (-sin, sin) on x viewed as [..., 2, head_dim/2]: the swap of the
+  halves is a reverse, which fuses into the elementwise loop, where splitting and concatenating
+  the halves made a separate copy of q and k (and another in the backward pass).
+  """
   half = x.shape[-1] // 2
   cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
-  x1, x2 = x[..., :half], x[..., half:]
-  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  x2h = x.reshape(x.shape[:-1] + (2, half))
+  cos2 = jnp.stack([cos, cos], axis=-2)
+  sin2 = jnp.stack([-sin, sin], axis=-2)
+  return (x2h * cos2 + jnp.flip(x2h, axis=-2) * sin2).reshape(x.shape)
 
 
 def positions_from_mask(mask: jax.Array) -> jax.Array:
   """Positions of left-padded rows: 0 at the first real token, pads clamp to 0."""
   return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def dense(x: jax.Array, w: jax.Array, **dot_kw) -> jax.Array:
+  """x [..., K] times w [K, ...] as one 2-D matmul over the flattened leading axes.
+
+  A matmul with several free axes on one side (a [B, T, K] activation) compiles on the CPU
+  to a slower kernel than the same matmul on [B*T, K] (its gradient took ~1.6x the time);
+  the reshapes are free (bitcasts) on every backend.
+  """
+  k = x.shape[-1]
+  y = jnp.dot(x.reshape(-1, k), w.reshape(k, -1), **dot_kw)
+  return y.reshape(x.shape[:-1] + w.shape[1:])
 
 
 def _param(rngs: nnx.Rngs | None, shape, dtype, axes, std: float | None):
@@ -131,7 +153,8 @@ class Block(nnx.Module):
     self.k_norm = _param(rngs, (d,), pd, ("norm",), None) if cfg.qk_norm else None
     self.o = _param(rngs, (kv, g, d, e), pd, ("kv_heads", "q_per_kv", "head_dim", "embed"), std)
     self.mlp_norm = _param(rngs, (e,), pd, ("norm",), None)
-    self.gate_up = _param(rngs, (e, 2, f), pd, ("embed", None, "mlp"), std)
+    self.gate = _param(rngs, (e, f), pd, ("embed", "mlp"), std)
+    self.up = _param(rngs, (e, f), pd, ("embed", "mlp"), std)
     self.down = _param(rngs, (f, e), pd, ("mlp", "embed"), std)
 
   def _w(self, p: nnx.Param) -> jax.Array:
@@ -140,9 +163,8 @@ class Block(nnx.Module):
   def project_qkv(self, h: jax.Array, cos: jax.Array, sin: jax.Array):
     """Normed hidden [..., E] -> q [..., KV, G, D], k and v [..., KV, D], rotated."""
     g = self.cfg.group_size
-    w = self._w(self.qkv)
     # A plain 2-D matmul: the merged output axis keeps kv_heads outermost, so its sharding holds.
-    qkv = jnp.dot(h, w.reshape(w.shape[0], -1)).reshape(h.shape[:-1] + w.shape[1:])
+    qkv = dense(h, self._w(self.qkv))
     if self.qkv_bias is not None:
       qkv = qkv + self._w(self.qkv_bias)
     qkv = c(qkv, "act_kv_heads", None, None)
@@ -159,11 +181,12 @@ class Block(nnx.Module):
 
   def attn_out(self, o: jax.Array) -> jax.Array:
     w = self._w(self.o)
-    return jnp.dot(o.reshape(o.shape[:-3] + (-1,)), w.reshape(-1, w.shape[-1]))
+    return dense(o.reshape(o.shape[:-3] + (-1,)), w.reshape(-1, w.shape[-1]))
 
   def mlp(self, h: jax.Array) -> jax.Array:
-    gu = c(jnp.einsum("...e,ecf->...cf", h, self._w(self.gate_up)), None, "act_mlp")
-    return jnp.einsum("...f,fe->...e", jax.nn.silu(gu[..., 0, :]) * gu[..., 1, :], self._w(self.down))
+    gate = c(dense(h, self._w(self.gate)), "act_mlp")
+    up = c(dense(h, self._w(self.up)), "act_mlp")
+    return dense(jax.nn.silu(gate) * up, self._w(self.down))
 
   def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask_BxSxT: jax.Array,
                last_only: bool = False):

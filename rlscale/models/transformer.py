@@ -8,8 +8,8 @@ from flax import nnx
 
 from rlscale.models.config import ModelConfig
 from rlscale.sharding import constrain
-from rlscale.models.layers import (Block, _param, c, positions_from_mask, rms_norm, rope_cos_sin,
-                                   rope_inv_freq)
+from rlscale.models.layers import (Block, _param, c, dense, positions_from_mask, rms_norm,
+                                   rope_cos_sin, rope_inv_freq)
 
 
 def causal_mask(mask_BxT: jax.Array) -> jax.Array:
@@ -80,11 +80,10 @@ class CausalLM(nnx.Module):
     """float32 logits [..., V] of final-normed hidden states [..., E]."""
     dt = self.cfg.compute_dtype
     if self.lm_head is None:
-      out = jnp.einsum("...e,ve->...v", hidden, self.model.embed[...].astype(dt),
-                       preferred_element_type=jnp.float32)
+      head = self.model.embed[...].astype(dt).T
     else:
-      out = jnp.einsum("...e,ev->...v", hidden, self.lm_head[...].astype(dt),
-                       preferred_element_type=jnp.float32)
+      head = self.lm_head[...].astype(dt)
+    out = dense(hidden, head, preferred_element_type=jnp.float32)
     return c(out, "act_vocab")
 
   def __call__(self, tokens_BxT: jax.Array, mask_BxT: jax.Array) -> jax.Array:
@@ -116,8 +115,7 @@ class ValueModel(nnx.Module):
   def __call__(self, tokens_BxT: jax.Array, mask_BxT: jax.Array) -> jax.Array:
     """float32 values [B, T], one per position."""
     hidden = self.model(tokens_BxT, mask_BxT)
-    v = jnp.einsum("bte,e->bt", hidden, self.value_head[...].astype(hidden.dtype),
-                   preferred_element_type=jnp.float32)
+    v = dense(hidden, self.value_head[...].astype(hidden.dtype), preferred_element_type=jnp.float32)
     return v + self.value_bias[...].astype(jnp.float32)
 
   def response_values(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, n: int) -> jax.Array:
