@@ -99,7 +99,8 @@ class RLTrainer:
     ptoks, pmask = rollout.prompts(self.env.task, problems, self.plan.group_size)
     t = time.time()
     out = generate(self.sampler, self.actor.params, ptoks, pmask,
-                   jax.random.fold_in(self.step_key(step), 0), self.plan.generation_batch)
+                   jax.random.fold_in(self.step_key(step), 0), self.plan.generation_batch,
+                   group_size=self.plan.group_size)  # the G copies of a prompt prefill once
     return Begun(problems, ptoks, pmask, out, t)
 
   def step_key(self, step: int) -> jax.Array:

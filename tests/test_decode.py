@@ -1,5 +1,7 @@
 """The KV-cache decode loop against the training forward, and the sampling rules."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -203,3 +205,41 @@ def test_rows_the_batch_shards_do_not_divide_are_padded(small_cfg, rules, shape,
   with pytest.raises(ValueError, match="12 rows.*8 batch shards"):
     Sampler(graphdef, sampler.params, sharding.make_mesh((8, 1, 1), jax.devices()[:8]), rules)(
         state, tokens[:12], mask[:12], jax.random.key(3))
+
+
+@pytest.mark.parametrize("shape, group, batches", [
+    ((1, 1, 1), 4, (None, 8, 6)), ((8, 1, 1), 2, (None, 8)), ((2, 2, 2), 4, (None,))])
+def test_a_group_prefilled_once_samples_what_each_row_does(small_cfg, rules, shape, group,
+                                                           batches):
+  # Runs of `group` copies of a prompt: prefilling one copy and repeating its cache gives every
+  # row the sample it draws on its own, on one device and with the batch over 8 or 2 shards;
+  # calls that do not hold whole groups (6 rows of groups of 4; padded calls) prefill each row.
+  mesh = sharding.make_mesh(shape, jax.devices()[:math.prod(shape)])
+  graphdef, state = nnx.split(models.create_sharded(models.CausalLM, small_cfg, mesh, rules,
+                                                    jax.random.key(0)))
+  sampler = Sampler(graphdef, SamplingParams(max_new_tokens=6, decode_chunk=4), mesh, rules)
+  prompts, pmask = _prompts(small_cfg.vocab_size, b=16 // group, seed=6)
+  tokens, mask = np.repeat(prompts, group, axis=0), np.repeat(pmask, group, axis=0)
+  for gb in batches:
+    each = generate(sampler, state, tokens, mask, jax.random.key(3), generation_batch=gb)
+    shared = generate(sampler, state, tokens, mask, jax.random.key(3), generation_batch=gb,
+                      group_size=group)
+    for f in ("tokens", "mask", "lengths"):
+      np.testing.assert_array_equal(np.asarray(getattr(shared, f)), np.asarray(getattr(each, f)))
+    np.testing.assert_allclose(np.asarray(shared.logprobs), np.asarray(each.logprobs), atol=1e-5)
+  shared_calls = [g for (_, g) in sampler._calls]  # noqa: SLF001
+  assert group in shared_calls
+
+
+def test_rows_of_a_group_that_differ_are_an_error(policy, tiny_cfg):
+  tokens, mask = _prompts(tiny_cfg.vocab_size, b=4)
+  with pytest.raises(ValueError, match="group_size=2.*differ"):
+    _run(policy, SamplingParams(max_new_tokens=2), tokens, mask, group_size=2)
+
+
+def test_shared_prefill_needs_whole_groups_in_every_shard():
+  from rlscale.sampling.decode import shared_prefill
+  assert shared_prefill(8, rows=512, call_rows=512, shards=8) == 8  # 64 rows a shard
+  assert shared_prefill(8, rows=64, call_rows=64, shards=16) == 1  # 4 rows a shard
+  assert shared_prefill(4, rows=6, call_rows=6, shards=1) == 1  # a call of 1.5 groups
+  assert shared_prefill(1, rows=8, call_rows=8, shards=1) == 1

@@ -7,17 +7,19 @@ or the token budget is spent.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 from flax import nnx
 from jax.sharding import Mesh
 
 from rlscale import distributed, sharding
-from rlscale.models.layers import rms_norm
+from rlscale.models.layers import c, rms_norm
 from rlscale.sampling import kv_cache
 from rlscale.sampling.sample import SamplingParams, is_eos, row_keys, row_uniforms, sample
 
@@ -58,11 +60,13 @@ class Sampler:
     self._calls: dict[tuple[int, int], Any] = {}
 
   def __call__(self, state: nnx.State, tokens_BxP, mask_BxP, key: jax.Array,
-               row_ids=None) -> Rollout:
+               row_ids=None, group_size: int = 1) -> Rollout:
     """Sample for every row; row r's randomness is `key` folded with row_ids[r].
 
     Tokens, mask and row_ids are this process's rows (all rows when there is one process);
-    row_ids default to the rows' global indices.
+    row_ids default to the rows' global indices. With `group_size` g > 1 the rows come in runs
+    of g copies of one prompt, and the prefill runs once per run (see `generate`, which checks
+    that they do): 1/g of its work, the same samples.
     """
     local = np.shape(tokens_BxP)[0]
     shards = sharding.batch_divisor(self.mesh, self.rules)
@@ -75,14 +79,18 @@ class Sampler:
     mask_BxP = sharding.put_batch(mask_BxP, self.mesh, self.rules)
     row_ids = sharding.put_batch(np.asarray(row_ids, np.int32), self.mesh, self.rules)
     shape = tuple(tokens_BxP.shape)  # global
-    if shape not in self._calls:  # once per shape: the compiled call and the cache's maker
+    if (shape, group_size) not in self._calls:  # once per shape: the call and the cache's maker
       cfg = nnx.merge(self.graphdef, state).cfg
+      logging.info("sampler: compiling for %d rows x %d prompt tokens%s", *shape,
+                   f", each run of {group_size} copies of a prompt prefilled once"
+                   if group_size > 1 else "")
       cache_shardings = self._cache_shardings(_cache_shapes(cfg, self.params, *shape))
-      self._calls[shape] = (
-          jax.jit(self._run, donate_argnums=1,
+      run = functools.partial(self._run, group=group_size)
+      self._calls[shape, group_size] = (
+          jax.jit(run, donate_argnums=1,
                   out_shardings=(self._rollout_shardings, cache_shardings)),
           jax.jit(lambda: _empty_cache(cfg, self.params, *shape), out_shardings=cache_shardings))
-    call, new_cache = self._calls[shape]
+    call, new_cache = self._calls[shape, group_size]
     if shape not in self._caches:
       self._caches[shape] = new_cache()
     rollout, self._caches[shape] = call(state, self._caches.pop(shape), tokens_BxP, mask_BxP,
@@ -98,11 +106,11 @@ class Sampler:
         lambda s: sharding.named_sharding(("batch", "act_kv_heads", None, None), s.shape,
                                           self.mesh, self.rules), shapes)
 
-  def _run(self, state, cache, tokens_BxP, mask_BxP, key, row_ids):
+  def _run(self, state, cache, tokens_BxP, mask_BxP, key, row_ids, group: int = 1):
     self.traces += 1
     with sharding.activation_sharding(self.mesh, self.rules):
       return _decode(nnx.merge(self.graphdef, state), self.params, cache, tokens_BxP,
-                     mask_BxP.astype(bool), key, row_ids)
+                     mask_BxP.astype(bool), key, row_ids, group)
 
 
 def _cache_shapes(cfg, p: SamplingParams, batch: int, prompt_len: int) -> Cache:
@@ -167,14 +175,26 @@ def _chunk_step(policy, p: SamplingParams, prompt, mask_BxP, start_pos, tables, 
   return body
 
 
-def _decode(policy, p: SamplingParams, cache: Cache, tokens_BxP, mask_BxP, key, row_ids):
+def _prefill(decoder, tokens_BxP, mask_BxP, group: int):
+  """The prefill's last hidden state and every layer's keys and values; with `group` g > 1,
+  computed for the first row of each run of g (identical) rows and repeated."""
+  if group == 1:
+    return decoder.prefill(tokens_BxP, mask_BxP)
+  first = lambda x: x.reshape((-1, group) + x.shape[1:])[:, 0]
+  repeat = lambda x: c(jnp.repeat(x, group, axis=0))
+  hidden, kvs = decoder.prefill(first(tokens_BxP), first(mask_BxP))
+  return repeat(hidden), [(repeat(k), repeat(v)) for k, v in kvs]
+
+
+def _decode(policy, p: SamplingParams, cache: Cache, tokens_BxP, mask_BxP, key, row_ids,
+            group: int = 1):
   cfg = policy.cfg
   decoder = policy.model
   b, plen = tokens_BxP.shape
   n = p.max_new_tokens
   u_BxN = row_uniforms(row_keys(key, row_ids), n)  # row r samples step i with u[r, i]
 
-  hidden, kvs = decoder.prefill(tokens_BxP, mask_BxP)
+  hidden, kvs = _prefill(decoder, tokens_BxP, mask_BxP, group)
   prompt = [kv_cache.prompt_segment(k, v) for k, v in kvs]
   # Rotary tables for every position a generated token can take.
   tables = decoder.rope(jnp.arange(plen + n, dtype=jnp.int32))
@@ -214,7 +234,8 @@ def _decode(policy, p: SamplingParams, cache: Cache, tokens_BxP, mask_BxP, key, 
 
 
 def generate(sampler: Sampler, state: nnx.State, tokens_BxP: np.ndarray, mask_BxP: np.ndarray,
-             key: jax.Array, generation_batch: int | None = None) -> Rollout:
+             key: jax.Array, generation_batch: int | None = None,
+             group_size: int = 1) -> Rollout:
   """Sample for all rows, `generation_batch` rows per compiled call.
 
   Every call has the same number of rows, a multiple of the mesh's batch shards: a short last
@@ -222,6 +243,10 @@ def generate(sampler: Sampler, state: nnx.State, tokens_BxP: np.ndarray, mask_Bx
   first row, dropped after. On several processes the arguments are this process's rows and
   `generation_batch` counts rows over all processes; a row's sample depends only on `key` and
   its global index, not on the generation batch, the mesh or the number of processes.
+
+  `group_size` G says that the rows come in runs of G copies of one prompt (an RL step's
+  groups); a call then prefills each prompt once, where its rows hold whole groups and each
+  batch shard holds whole groups (`shared_prefill`). Rows of a run that differ are an error.
   """
   tokens_BxP, mask_BxP = np.asarray(tokens_BxP, np.int32), np.asarray(mask_BxP, bool)
   local = tokens_BxP.shape[0]
@@ -233,6 +258,8 @@ def generate(sampler: Sampler, state: nnx.State, tokens_BxP: np.ndarray, mask_Bx
   unit = math.lcm(sharding.batch_divisor(sampler.mesh, sampler.rules), procs)
   per_call = -(-gb // unit) * unit // procs  # the same, padded to split over the batch shards
   first = jax.process_index() * local
+  group = shared_prefill(group_size, take, per_call * procs,
+                         sharding.batch_divisor(sampler.mesh, sampler.rules))
   parts = []
   for start in range(0, local, take):
     toks, mask = tokens_BxP[start:start + take], mask_BxP[start:start + take]
@@ -243,13 +270,32 @@ def generate(sampler: Sampler, state: nnx.State, tokens_BxP: np.ndarray, mask_Bx
       toks = np.concatenate([toks, np.repeat(toks[:1], pad, 0)])
       mask = np.concatenate([mask, np.repeat(mask[:1], pad, 0)])
       ids = np.concatenate([ids, np.repeat(ids[:1], pad)])
-    out = sampler(state, toks, mask, key, ids)
+    g = group if rows == per_call else 1  # a padded call does not hold whole groups
+    if g > 1:
+      _check_groups(toks, mask, g)
+    out = sampler(state, toks, mask, key, ids, g)
     parts.append(out if rows == per_call
                  else out._replace(**{f: getattr(out, f)[:rows] for f in _ROWS}))
   if len(parts) == 1:
     return parts[0]
   return Rollout(*(_concat_rows([getattr(p, f) for p in parts], sampler) for f in _ROWS),
                  steps=jnp.max(jnp.stack([p.steps for p in parts])))
+
+
+def shared_prefill(group_size: int, rows: int, call_rows: int, shards: int) -> int:
+  """The run length a call of `call_rows` rows (this process's `rows` of them) prefills once:
+  `group_size` when the process's rows and every batch shard's rows of the call hold whole
+  groups (so that repeating the prefill's output stays within the shard), else 1."""
+  if group_size > 1 and rows % group_size == 0 and (call_rows // shards) % group_size == 0:
+    return group_size
+  return 1
+
+
+def _check_groups(tokens_BxP: np.ndarray, mask_BxP: np.ndarray, g: int) -> None:
+  for name, x in (("tokens", tokens_BxP), ("mask", mask_BxP)):
+    runs = x.reshape((-1, g) + x.shape[1:])
+    if not np.array_equal(runs, np.repeat(runs[:, :1], g, axis=1)):
+      raise ValueError(f"generate(group_size={g}): the prompt {name} of a run of {g} rows differ")
 
 
 def _concat_rows(arrays: list[jax.Array], sampler: Sampler) -> jax.Array:
