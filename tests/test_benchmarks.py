@@ -56,3 +56,15 @@ def test_rl_step_benchmark(algorithm):
   assert row["host_peak_rss_gb"] > 0
   if algorithm == "ppo":
     assert "critic_update_s" in row and 0 < row["microbatch"]["critic"] < 16
+
+
+@pytest.mark.slow
+def test_profile_step_benchmark():
+  rows = _run("profile_step.py", "--prompts=4", "--group=4", "--prompt_len=8", "--new_tokens=8",
+              "--layers=2", "--d_model=64", "--mlp_dim=128", "--vocab=64", "--top=5")
+  assert [r["phase"] for r in rows] == ["generate", "update"]
+  for r in rows:
+    assert r["op_s"] > 0 and r["wall_s"] > 0 and len(r["top"]) == 5
+    assert sum(t["share"] for t in r["top"]) <= 1.0 + 1e-6
+    assert all(t["from"] for t in r["top"])  # each op named after the framework op it came from
+    assert not any(t["op"].startswith(("while", "Common")) for t in r["top"])  # ops only
