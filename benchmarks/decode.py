@@ -20,16 +20,9 @@ import time
 
 from absl import app, flags
 
+import model_shape  # the shape flags
+
 FLAGS = flags.FLAGS
-flags.DEFINE_string("family", "llama", "llama | qwen2 | qwen3 (qwen2 adds qkv bias, qwen3 qk-norm)")
-flags.DEFINE_integer("layers", 4, "decoder layers")
-flags.DEFINE_integer("d_model", 256, "model width")
-flags.DEFINE_integer("heads", 4, "query heads")
-flags.DEFINE_integer("kv_heads", 2, "key/value heads")
-flags.DEFINE_integer("head_dim", 64, "width of one head")
-flags.DEFINE_integer("mlp_dim", 704, "SwiGLU hidden width")
-flags.DEFINE_integer("vocab", 512, "vocabulary size")
-flags.DEFINE_bool("tied", True, "tie the output head to the embedding")
 flags.DEFINE_integer("batch", 64, "rows per compiled call")
 flags.DEFINE_integer("prompt_len", 32, "prompt tokens per row")
 flags.DEFINE_integer("new_tokens", 64, "tokens generated per row")
@@ -49,11 +42,7 @@ def main(argv):
   from rlscale import models, sharding
   from rlscale.sampling import Sampler, SamplingParams
 
-  cfg = models.ModelConfig(
-      family=FLAGS.family, vocab_size=FLAGS.vocab, d_model=FLAGS.d_model, num_layers=FLAGS.layers,
-      num_heads=FLAGS.heads, num_kv_heads=FLAGS.kv_heads, head_dim=FLAGS.head_dim,
-      mlp_dim=FLAGS.mlp_dim, tie_embeddings=FLAGS.tied, qkv_bias=FLAGS.family == "qwen2",
-      qk_norm=FLAGS.family == "qwen3", dtype=FLAGS.dtype, param_dtype=FLAGS.dtype)
+  cfg = model_shape.model_config(FLAGS.dtype)
   mesh = sharding.make_mesh([int(s) for s in FLAGS.mesh])
   rules = sharding.rules_from_config(None)
   policy = models.create_sharded(models.CausalLM, cfg, mesh, rules, jax.random.key(0))

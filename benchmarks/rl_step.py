@@ -32,16 +32,11 @@ import time
 
 from absl import app, flags, logging
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import model_shape  # noqa: E402  (the shape flags)
+
 FLAGS = flags.FLAGS
-flags.DEFINE_string("family", "qwen3", "llama | qwen2 | qwen3 (qwen2 adds qkv bias, qwen3 qk-norm)")
-flags.DEFINE_integer("layers", 4, "decoder layers")
-flags.DEFINE_integer("d_model", 256, "model width")
-flags.DEFINE_integer("heads", 4, "query heads")
-flags.DEFINE_integer("kv_heads", 2, "key/value heads")
-flags.DEFINE_integer("head_dim", 64, "width of one head")
-flags.DEFINE_integer("mlp_dim", 704, "SwiGLU hidden width")
-flags.DEFINE_integer("vocab", 512, "vocabulary size")
-flags.DEFINE_bool("tied", True, "tie the output head to the embedding")
+FLAGS.set_default("family", "qwen3")  # the shape flags are model_shape.py's
 flags.DEFINE_string("algorithm", "grpo", "grpo | ppo (configs/grpo.py or configs/ppo.py)")
 flags.DEFINE_integer("prompts", 64, "P: prompts per step")
 flags.DEFINE_integer("group", 8, "G: responses per prompt")
@@ -124,14 +119,8 @@ def base_checkpoint(cfg, env, folder: str) -> None:
   import jax
   from rlscale import models
   from rlscale.checkpoints import hf
-  model_cfg = models.ModelConfig(
-      family=FLAGS.family, vocab_size=FLAGS.vocab, d_model=FLAGS.d_model,
-      num_layers=FLAGS.layers, num_heads=FLAGS.heads, num_kv_heads=FLAGS.kv_heads,
-      head_dim=FLAGS.head_dim, mlp_dim=FLAGS.mlp_dim, tie_embeddings=FLAGS.tied,
-      qkv_bias=FLAGS.family == "qwen2", qk_norm=FLAGS.family == "qwen3", dtype=FLAGS.dtype,
-      param_dtype=FLAGS.dtype)
-  policy = models.create_sharded(models.CausalLM, model_cfg, env.mesh, env.rules,
-                                 jax.random.key(0))
+  policy = models.create_sharded(models.CausalLM, model_shape.model_config(FLAGS.dtype),
+                                 env.mesh, env.rules, jax.random.key(0))
   hf.save_policy(policy, folder, pad_id=0)
 
 
