@@ -14,15 +14,17 @@ from absl import logging
 from rlscale import config_files, distributed, train
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SFT_ARGS = "optim.warmup_responses=0,train.num_steps=30,train.eval_every=0,train.checkpoint_every=0"
+SFT_ARGS = "optim.warmup_responses=0,train.num_steps=60,train.eval_every=0,train.checkpoint_every=0"
 
 
 def config(name: str, cache_dir: str):
   """The tiny config cut to 2 RL steps (evaluated and saved at step 2), without TensorBoard.
 
   The tiny SFT base (6 steps, all inside its 20-step warmup) earns no reward, so GRPO's
-  advantages and gradients would all be 0: the base here trains 30 steps without warmup (no
-  slower: its evaluations are left to the end) and partial credit rewards near answers.
+  advantages and gradients would all be 0: the base here trains 60 steps without warmup (its
+  evaluations are left to the end) and partial credit rewards near answers. 30 steps sufficed
+  until the model's initial draws changed with its parameter tree (gate and up as two weights):
+  that base also earned 0 in both RL steps.
   """
   cfg = config_files.load(os.path.join(REPO, "configs", f"{name}:tiny"))
   with cfg.unlocked():
