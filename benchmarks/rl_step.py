@@ -124,6 +124,20 @@ def base_checkpoint(cfg, env, folder: str) -> None:
   hf.save_policy(policy, folder, pad_id=0)
 
 
+def make_trainer(workdir: str):
+  """The shipped trainer on the benchmark's config, task and random base, in workdir/run."""
+  from rlscale import experiment, rl_loop, sharding
+  from rlscale.config_validation import validate
+  cfg = run_config(workdir)
+  mesh = sharding.make_mesh(cfg.mesh.shape)
+  rules = sharding.rules_from_config(cfg.mesh.rules)
+  env = experiment.Setup(mesh, rules, bench_task(FLAGS.vocab, FLAGS.prompt_len),
+                         experiment.model_config(cfg))
+  base_checkpoint(cfg, env, cfg.init.hf_checkpoint)
+  validate(cfg)
+  return rl_loop.RLTrainer(cfg, os.path.join(workdir, "run"), None, env=env)
+
+
 def matmul_tflops(n: int, dtype: str) -> float:
   """Median TFLOP/s of a jitted n x n matmul on the first device."""
   import jax
@@ -158,21 +172,13 @@ def main(argv):
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   import jax
   import numpy as np
-  from rlscale import experiment, logs, rl_loop, sharding
-  from rlscale.config_validation import validate
+  from rlscale import logs
   from rlscale.loop import Loop
   logs.quiet_libraries()
   logging.set_verbosity(logging.WARNING)
   with tempfile.TemporaryDirectory() as workdir:
-    cfg = run_config(workdir)
-    mesh = sharding.make_mesh(cfg.mesh.shape)
-    rules = sharding.rules_from_config(cfg.mesh.rules)
-    env = experiment.Setup(mesh, rules, bench_task(FLAGS.vocab, FLAGS.prompt_len),
-                           experiment.model_config(cfg))
-    base_checkpoint(cfg, env, cfg.init.hf_checkpoint)
-    validate(cfg)
-    run_dir = os.path.join(workdir, "run")
-    trainer = rl_loop.RLTrainer(cfg, run_dir, None, env=env)
+    trainer = make_trainer(workdir)
+    cfg, run_dir = trainer.cfg, trainer.workdir
     Loop(trainer, cfg, run_dir, cfg.train.num_steps, eval_at_start=False).run()
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
       rows = [json.loads(line) for line in f][2:-1]  # no compilation, no final eval and save

@@ -57,7 +57,7 @@ class Sampler:
     self._caches: dict[tuple[int, int], Cache] = {}
     b1, b2 = sharding.batch_sharding(mesh, 1, self.rules), sharding.batch_sharding(mesh, 2, self.rules)
     self._rollout_shardings = Rollout(b2, b2, b2, b2, b1, sharding.replicated(mesh))
-    self._calls: dict[tuple[int, int], Any] = {}
+    self._calls: dict[tuple[tuple[int, int], int], Any] = {}  # by (shape, group_size)
 
   def __call__(self, state: nnx.State, tokens_BxP, mask_BxP, key: jax.Array,
                row_ids=None, group_size: int = 1) -> Rollout:
@@ -255,11 +255,11 @@ def generate(sampler: Sampler, state: nnx.State, tokens_BxP: np.ndarray, mask_Bx
   if gb % procs:
     raise ValueError(f"generation_batch={gb} does not split over {procs} processes")
   take = gb // procs  # this process's rows per call
-  unit = math.lcm(sharding.batch_divisor(sampler.mesh, sampler.rules), procs)
+  shards = sharding.batch_divisor(sampler.mesh, sampler.rules)
+  unit = math.lcm(shards, procs)
   per_call = -(-gb // unit) * unit // procs  # the same, padded to split over the batch shards
   first = jax.process_index() * local
-  group = shared_prefill(group_size, take, per_call * procs,
-                         sharding.batch_divisor(sampler.mesh, sampler.rules))
+  group = shared_prefill(group_size, take, per_call * procs, shards)
   parts = []
   for start in range(0, local, take):
     toks, mask = tokens_BxP[start:start + take], mask_BxP[start:start + take]
