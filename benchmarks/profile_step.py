@@ -67,12 +67,15 @@ def summarize(phase: str, wall: float, ops: dict[str, float], origin: dict[str, 
 
 
 def hlo_origins(texts: list[str]) -> dict[str, str]:
-  """op name -> 'shape op_name' from compiled HLO texts (where the op's metadata says)."""
-  out = {}
+  """op name -> 'shape op_name' from compiled HLO texts (where the op's metadata says; ops XLA
+  inserted have none). A name that several programs use gets each origin, joined by ' | '."""
+  out: dict[str, list[str]] = collections.defaultdict(list)
   for text in texts:
     for m in re.finditer(r"^\s*(?:ROOT )?%?([\w.-]+) = (\S+) .*?op_name=\"([^\"]+)\"", text, re.M):
-      out[m.group(1)] = f"{m.group(2)[:48]} {m.group(3)[-80:]}"
-  return out
+      origin = f"{m.group(2)[:48]} {m.group(3)[-80:]}"
+      if origin not in out[m.group(1)]:
+        out[m.group(1)].append(origin)
+  return {name: " | ".join(origins) for name, origins in out.items()}
 
 
 def main(argv):
@@ -84,19 +87,11 @@ def main(argv):
       f"--xla_dump_to={hlo_dir}", "--xla_dump_hlo_as_text"]).strip()
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   import jax
-  from rlscale import experiment, logs, rl_loop, sharding
-  from rlscale.config_validation import validate
+  from rlscale import logs
   logs.quiet_libraries()
   logging.set_verbosity(logging.WARNING)
   try:
-    cfg = rl_step.run_config(workdir)
-    mesh = sharding.make_mesh(cfg.mesh.shape)
-    rules = sharding.rules_from_config(cfg.mesh.rules)
-    env = experiment.Setup(mesh, rules, rl_step.bench_task(FLAGS.vocab, FLAGS.prompt_len),
-                           experiment.model_config(cfg))
-    rl_step.base_checkpoint(cfg, env, cfg.init.hf_checkpoint)
-    validate(cfg)
-    trainer = rl_loop.RLTrainer(cfg, os.path.join(workdir, "run"), None, env=env)
+    trainer = rl_step.make_trainer(workdir)
     walls = {}
     for step in (1, 2):  # the first compiles; the second is traced
       traced = step == 2
@@ -109,11 +104,12 @@ def main(argv):
       with _maybe_trace(traced, os.path.join(workdir, "update")):
         jax.device_get(trainer.complete(step, begun, t).device)
       walls["update"] = time.time() - t
-    # An op's name is unique within its program: the decode is jit(_run), updates jit(counted).
-    programs = {"generate": "*jit__run*after_optimizations.txt",
-                "update": "*jit_counted*after_optimizations.txt"}
-    for phase, pattern in programs.items():
-      texts = [open(f).read() for f in glob.glob(os.path.join(hlo_dir, pattern))]
+    # An op's name is unique within its program: the decode is jit(_run); the update phase runs
+    # the updates (jit(counted)) and the algorithm's smaller programs (advantages, log-probs).
+    dumps = glob.glob(os.path.join(hlo_dir, "*after_optimizations.txt"))
+    sampler = [f for f in dumps if "jit__run" in f]
+    for phase, files in (("generate", sampler), ("update", sorted(set(dumps) - set(sampler)))):
+      texts = [open(f).read() for f in files]
       print(json.dumps(summarize(phase, walls[phase], op_times(os.path.join(workdir, phase)),
                                  hlo_origins(texts))))
   finally:
