@@ -1,0 +1,1 @@
+"""Data files shipped with the package (accelerators.json, published_scaling.json)."""
