@@ -227,8 +227,10 @@ def reason(p: Prediction, acc: Accelerator) -> str:
   if p.gen_rows_per_chip < 1 or p.train_rows_per_chip < 1:
     out.append(f"rows per chip < 1: idle chips (generate {p.gen_rows_per_chip:.2g}, "
                f"train {p.train_rows_per_chip:.2g} rows/chip)")
-  if p.gen_rows_per_chip < p.critical_gen_batch and share["generate"] > 0.2:
-    out.append(f"decode latency-bound: per-chip generation batch {p.gen_rows_per_chip:.3g} "
+  if math.isinf(p.critical_gen_batch) and share["generate"] > 0.2:
+    out.append("decode bound by KV-cache reads at every batch (never compute-bound)")
+  elif p.gen_rows_per_chip < p.critical_gen_batch and share["generate"] > 0.2:
+    out.append(f"decode latency-bound: generation batch per replica {p.gen_rows_per_chip:.3g} "
                f"< critical {p.critical_gen_batch:.3g}")
   where = "inter-node" if p.trainer > acc.chips_per_node else "intra-node"
   if share["allreduce"] > 0.1:
@@ -298,7 +300,11 @@ def calibrate(w: Workload, m: Measured, acc: Accelerator) -> tuple[Calibration, 
   trainer = m.chips - m.sampler if m.layout == "split" else m.chips
   sampler = m.sampler if m.layout == "split" else m.chips
   used = min(trainer, w.minibatch)
-  compute = max(m.train - allreduce(w, acc, used), 1e-9)
+  compute = m.train - allreduce(w, acc, used)
+  if compute <= 0:
+    raise ValueError(f"the modelled all-reduce on {acc.name} ({allreduce(w, acc, used):.3g} s) "
+                     f"exceeds the measured training time ({m.train:.3g} s): its link bandwidth "
+                     f"in the accelerator table is too low for this run")
   train_flops = w.train_flops_per_response * w.responses
   if acc.peak_flops is None:  # the cpu row: the host's rate, with e_train = 1 by definition
     acc = acc.with_peak(train_flops / compute)

@@ -1,0 +1,138 @@
+"""Validation of the throughput model (rlscale/throughput_model.py); one JSON line per point.
+
+    python benchmarks/scale_validation.py                       # 1, 2, 4, 8 simulated devices
+    python benchmarks/scale_validation.py --devices=1,8 --steps=5 --calibrate_on=1
+    python benchmarks/scale_validation.py --published_only      # the published table only
+
+Runs the RL main job (launch/main.py --config=configs/grpo.py, short: no periodic eval or
+checkpoint) once per device count in a subprocess with
+XLA_FLAGS=--xla_force_host_platform_device_count=N, calibrates the model on ONE of them
+(--calibrate_on, default 1 device) and predicts the step time of the others from their own
+configs. The simulated devices share the host's cores: the `cpu` row gives them one shared
+compute rate, so N devices add no compute; nothing is tuned per N. Times are medians of the
+steps past compilation; run it on an idle machine for figures.
+
+Then the published strong-scaling table (rlscale/data/published_scaling.json): the model is
+calibrated on each model's smallest chip count (one factor on its datasheet efficiencies) and
+predicts the larger ones.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+from absl import app, flags
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+flags.DEFINE_list("devices", ["1", "2", "4", "8"], "simulated device counts")
+flags.DEFINE_integer("calibrate_on", 1, "the device count the model is calibrated on")
+flags.DEFINE_integer("steps", 8, "RL steps per run (the first two compile)")
+flags.DEFINE_string("config", "configs/grpo.py", "the RL config")
+flags.DEFINE_string("workdir", "/tmp/scale_validation", "run directories go here")
+flags.DEFINE_bool("published_only", False, "only the published table")
+FLAGS = flags.FLAGS
+PUBLISHED = os.path.join(REPO, "rlscale", "data", "published_scaling.json")
+
+
+def run_job(devices: int) -> str:
+  """One short RL run on `devices` simulated devices; its run directory."""
+  out = os.path.join(FLAGS.workdir, f"d{devices}")
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  cmd = [sys.executable, os.path.join(REPO, "launch", "main.py"), f"--config={FLAGS.config}",
+         f"--workdir={out}", f"--config.train.num_steps={FLAGS.steps}",
+         "--config.train.eval_every=0", "--config.train.checkpoint_every=0",
+         "--config.train.tensorboard=False"]
+  if not os.path.exists(os.path.join(out, "summary.json")):
+    subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True, timeout=1800)
+  return out
+
+
+def simulated() -> None:
+  from rlscale import accelerators
+  from rlscale import throughput_model as tm
+  dirs = {int(n): run_job(int(n)) for n in FLAGS.devices}
+  base = tm.load_run(dirs[FLAGS.calibrate_on])
+  cal, acc = tm.calibrate(base.workload, base.measured, accelerators.get("cpu"))
+  for n, d in sorted(dirs.items()):
+    run = tm.load_run(d)
+    m = run.measured
+    p = tm.predict(run.workload, acc, cal, m.chips, m.layout, m.sampler, m.overlap)
+    print(json.dumps({"benchmark": "scale_validation", "devices": n,
+                      "calibrated_on": FLAGS.calibrate_on, "measured_step_s": round(m.step, 4),
+                      "predicted_step_s": round(p.step, 4),
+                      "rel_error": round(p.step / m.step - 1, 4),
+                      "measured": {"generate": round(m.generate, 4), "train": round(m.train, 4),
+                                   "fixed": round(m.reward + m.other, 4)},
+                      "predicted": {"generate": round(p.generate, 4),
+                                    "train": round(p.train, 4), "fixed": round(p.fixed, 4)},
+                      "loadavg_1m": os.getloadavg()[0]}))
+
+
+def opt_workload(point: dict, table: dict):
+  """A PPO step of DeepSpeed-Chat's recipe on an OPT actor: decoder shape from the point,
+  training = actor update (6 N per token) + reference forward (2 N per token); the OPT-350M
+  critic and reward model are left out (under 3% of a 13B actor's FLOPs)."""
+  from rlscale import throughput_model as tm
+  n, layers, d = point["params"], point["layers"], point["d_model"]
+  tokens = table["prompt_len"] + table["response_len"]
+  return tm.Workload(
+      responses=table["responses_per_step"], prompt_len=table["prompt_len"],
+      response_len=table["response_len"], decode_steps=table["response_len"],
+      matmul_params=int(n), params=int(n), layers=layers, param_bytes=2,
+      kv_bytes_per_token=2 * layers * d * 2, attn_flops_per_key=4 * layers * d,
+      train_flops_per_response=8.0 * n * tokens, trained_models=1, optimizer_steps=1,
+      minibatch=table["responses_per_step"])
+
+
+def published(path: str = PUBLISHED) -> list[dict]:
+  """Each model's smallest chip count calibrates one factor k on the datasheet-default
+  efficiencies (compute and bandwidth rates / k, decode latency x k); the others are predicted.
+  Returns one row per point with the measured and predicted hours and the relative error."""
+  from rlscale import accelerators
+  from rlscale import throughput_model as tm
+  with open(path) as f:
+    tables = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
+  out = []
+  for name, t in tables.items():
+    acc = accelerators.get(t["hardware"])
+    steps = t["responses"] / t["responses_per_step"]
+    for model in dict.fromkeys(p["model"] for p in t["points"]):
+      pts = sorted((p for p in t["points"] if p["model"] == model), key=lambda p: p["chips"])
+      w = opt_workload(pts[0], t)
+      cal = tm.Calibration(e_train=tm.DEFAULTS["e_train"], e_flops=tm.DEFAULTS["e_flops"],
+                           e_bw=tm.DEFAULTS["e_bw"], t_lat=tm.DEFAULTS["lat_per_layer"] *
+                           w.layers, reward_per_response=0.0, other=0.0, source="defaults")
+      first = tm.predict(w, acc, cal, pts[0]["chips"], "colocated")
+      want = pts[0]["hours"] * 3600 / steps
+      k = (want - first.allreduce) / (first.step - first.allreduce)
+      cal = tm.Calibration(cal.e_train / k, cal.e_flops / k, cal.e_bw / k, cal.t_lat * k,
+                           0.0, 0.0, "published smallest point")
+      for p in pts:
+        pred = tm.predict(w, acc, cal, p["chips"], "colocated")
+        hours = pred.step * steps / 3600
+        out.append({"table": name, "model": model, "chips": p["chips"],
+                    "measured_hours": p["hours"], "predicted_hours": round(hours, 3),
+                    "rel_error": round(hours / p["hours"] - 1, 3),
+                    "calibrated": p is pts[0], "reason": pred.reason,
+                    "efficiency_factor_k": round(k, 3)})
+  return out
+
+
+def main(argv):
+  del argv
+  if not FLAGS.published_only:
+    simulated()
+  for row in published():
+    print(json.dumps({"benchmark": "scale_validation_published", **row}))
+  assert all(math.isfinite(r["predicted_hours"]) for r in published())
+
+
+if __name__ == "__main__":
+  app.run(main)

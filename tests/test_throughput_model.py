@@ -1,0 +1,196 @@
+"""The throughput model's algebra, its calibration, the accelerator table and analysis/scale.py
+on a synthetic run directory (no timing)."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rlscale import accelerators, config_files
+from rlscale import throughput_model as tm
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def workload(**kw):
+  base = dict(responses=512, prompt_len=100.0, response_len=200.0, decode_steps=256,
+              matmul_params=7e9, params=7e9, layers=32, param_bytes=2,
+              kv_bytes_per_token=2 * 32 * 8 * 128 * 2, attn_flops_per_key=4 * 32 * 32 * 128,
+              train_flops_per_response=6 * 7e9 * 300, trained_models=1, optimizer_steps=4,
+              minibatch=128)
+  base.update(kw)
+  return tm.Workload(**base)
+
+
+CAL = tm.Calibration(e_train=0.4, e_flops=0.4, e_bw=0.7, t_lat=1e-3, reward_per_response=1e-3,
+                     other=0.5, source="test")
+
+
+def test_table_loads_every_row_with_a_source():
+  table = accelerators.load()
+  assert {"h100", "h200", "a100", "tpu-v5e", "tpu-v5p", "tpu-v6e", "cpu"} <= set(table)
+  assert table["h100"].peak_flops == 989e12 and table["h200"].hbm_bw == 4.8e12
+  assert table["cpu"].shared_host and table["cpu"].peak_flops is None
+  assert all(a.source for a in table.values())
+
+
+def test_unknown_accelerator_names_the_known_ones():
+  with pytest.raises(ValueError, match=r"unknown accelerator 'b200'; known: a100, cpu, h100"):
+    accelerators.get("b200")
+
+
+def test_a_bad_row_is_refused(tmp_path):
+  path = tmp_path / "t.json"
+  path.write_text(json.dumps({"x": {"peak_flops": -1, "hbm_bytes": 1, "hbm_bw": 1,
+                                    "intra_bw": 1, "chips_per_node": 8, "source": "s"}}))
+  with pytest.raises(ValueError, match="accelerator 'x': peak_flops=-1"):
+    accelerators.load(str(path))
+
+
+def test_colocated_is_generate_plus_train_plus_fixed():
+  acc = accelerators.get("h100")
+  for n in (1, 8, 64):
+    p = tm.predict(workload(), acc, CAL, n, "colocated")
+    assert p.step == pytest.approx(p.generate + p.train + p.fixed)
+    assert p.fixed == pytest.approx(512 * 1e-3 + 0.5)
+
+
+def test_allreduce_zero_at_one_chip_and_larger_across_nodes():
+  acc, w = accelerators.get("h100"), workload()
+  assert tm.allreduce(w, acc, 1) == 0
+  intra, inter = tm.allreduce(w, acc, 8), tm.allreduce(w, acc, 16)
+  assert inter / intra == pytest.approx((15 / 16) / (7 / 8) * acc.intra_bw / acc.inter_bw)
+  want = 2 * 7 / 8 * 7e9 * 4 / acc.intra_bw * w.optimizer_steps
+  assert intra == pytest.approx(want)
+
+
+def test_split_sums_or_overlaps_and_best_split_is_best():
+  acc, w = accelerators.get("h200"), workload()
+  p = tm.split(w, acc, CAL, 16, 8)
+  assert p.step == pytest.approx(p.generate + p.sync + p.train + p.fixed)
+  q = tm.split(w, acc, CAL, 16, 8, overlap=True)
+  assert q.step == pytest.approx(max(q.generate, q.train + q.sync) + q.fixed)
+  best = tm.best_split(w, acc, CAL, 16)
+  assert all(best.step <= tm.split(w, acc, CAL, 16, s).step for s in range(1, 16))
+  assert tm.best_split(w, acc, CAL, 1) is None
+
+
+def test_generation_and_training_fall_with_chips_until_rows_run_out():
+  acc, w = accelerators.get("h200"), workload()
+  gen = [tm.generation(w, acc, CAL, n).seconds for n in (1, 2, 8, 64, 512)]
+  assert gen == sorted(gen, reverse=True)
+  assert tm.generation(w, acc, CAL, 1024).seconds == pytest.approx(gen[-1])  # 512 rows
+  train = [tm.training(w, acc, CAL, n).seconds - tm.training(w, acc, CAL, n).allreduce
+           for n in (1, 8, 128, 1024)]
+  assert train[0] > train[1] > train[2] == pytest.approx(train[3])  # a mini-batch is 128 rows
+
+
+def test_critical_generation_batch_is_where_latency_meets_throughput():
+  acc, w = accelerators.get("h200"), workload(kv_bytes_per_token=0.0)
+  g = tm.generation(w, acc, CAL, 1)
+  fl, bw = acc.peak_flops * CAL.e_flops, acc.hbm_bw * CAL.e_bw
+  t0 = w.params * w.param_bytes / bw + CAL.t_lat
+  assert g.critical == pytest.approx(t0 / (w.decode_flops(1) / fl))
+
+
+def test_bend_reasons_appear_where_constructed():
+  acc = accelerators.get("h100")
+  idle = tm.predict(workload(responses=16, minibatch=16), acc, CAL, 64, "colocated")
+  assert "rows per chip < 1" in idle.reason
+  small = tm.predict(workload(), acc, dataclasses.replace(CAL, reward_per_response=0, other=0),
+                     64, "colocated")
+  assert "decode latency-bound" in small.reason
+  slow_host = tm.predict(workload(), acc, dataclasses.replace(CAL, other=1e4), 8, "colocated")
+  assert "fixed per-step costs" in slow_host.reason
+  big = workload(params=70e9, matmul_params=70e9, optimizer_steps=64, responses=4096,
+                 minibatch=4096, train_flops_per_response=1e6)
+  assert "all-reduce over inter-node" in tm.predict(big, acc, CAL, 64, "colocated").reason
+
+
+def test_calibration_reproduces_the_calibration_run():
+  small = workload(params=1e6, matmul_params=1e6, train_flops_per_response=1e9)
+  for w, name, chips in ((small, "cpu", 1), (small, "cpu", 4), (workload(), "h100", 8)):
+    m = tm.Measured(generate=3.0, train=5.0, reward=0.2, other=0.3, sync=0.0, step=8.5,
+                    chips=chips)
+    cal, acc = tm.calibrate(w, m, accelerators.get(name))
+    p = tm.predict(w, acc, cal, chips, "colocated")
+    assert (p.generate, p.train, p.fixed) == pytest.approx((3.0, 5.0, 0.5), rel=1e-9)
+  w, fast = workload(), tm.Measured(generate=1e-4, train=5.0, reward=0, other=0, sync=0, step=5,
+                                    chips=8)
+  cal, acc = tm.calibrate(w, fast, accelerators.get("h100"))  # faster than the roofline
+  assert tm.predict(w, acc, cal, 8, "colocated").generate == pytest.approx(1e-4)
+
+
+def test_shared_host_devices_add_no_compute():
+  w = workload(params=1e6, matmul_params=1e6, train_flops_per_response=1e9)
+  m = tm.Measured(generate=1.0, train=2.0, reward=0, other=0, sync=0, step=3, chips=1)
+  cal, acc = tm.calibrate(w, m, accelerators.get("cpu"))
+  one, eight = (tm.predict(w, acc, cal, n, "colocated") for n in (1, 8))
+  assert eight.generate == pytest.approx(one.generate, rel=1e-2)  # + each device's weight reads
+  assert eight.train >= one.train  # the same compute, plus host-memory all-reduces
+
+
+def test_steps_to_target():
+  assert tm.steps_to_target(5120, 512, 512, 1) == (10, "the run's responses to target, kept")
+  steps, how = tm.steps_to_target(5120, 1024, 1024, 1, bcrit=1024, smin=100)
+  assert steps == pytest.approx(200) and "S_min" in how
+  assert tm.steps_to_target(None, 512, 512, 1)[0] is None
+
+
+def synthetic_run(path, devices=1):
+  """A run directory as the trainer writes it, with made-up phase times."""
+  cfg = config_files.load("configs/grpo.py:tiny")
+  os.makedirs(path)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    f.write(cfg.to_json())
+  rows = [{"step": 0, "time/eval": 1.0}]
+  for s in range(1, 7):
+    rows.append({"step": s, "time/generate": 0.2, "time/reward": 0.01, "time/actor_update": 0.5,
+                 "time/other": 0.02, "time/step": 0.73 + (s == 6) * 0.3,
+                 "time/eval": (s == 6) * 0.3, "flops/step": 2e8, "response_tokens": 40,
+                 "train_tokens": 100, "responses_seen": 16 * s})
+  with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in rows)
+  with open(os.path.join(path, "summary.json"), "w") as f:
+    json.dump({"devices": devices, "num_prompts": 4, "group_size": 4,
+               "responses_to_target": 64}, f)
+  return path
+
+
+def test_load_run_reads_medians_past_compilation(tmp_path):
+  run = tm.load_run(synthetic_run(str(tmp_path / "run")))
+  m = run.measured
+  assert (m.generate, m.train, m.reward + m.other, m.step) == pytest.approx(
+      (0.2, 0.5, 0.03, 0.73))
+  assert (m.layout, m.chips, run.workload.responses) == ("colocated", 1, 16)
+
+
+def test_scale_cli_writes_table_csv_and_figure(tmp_path):
+  run = synthetic_run(str(tmp_path / "run"))
+  out = tmp_path / "out"
+  res = subprocess.run([sys.executable, os.path.join(REPO, "analysis", "scale.py"), run,
+                        "--chips", "1,8,64", "--accelerator", "h200", "--out", str(out)],
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert res.returncode == 0, res.stderr[-3000:]
+  assert "predicted 0.73" in res.stdout and "(+0.0%)" in res.stdout
+  assert "steps to target at 16 responses/step: 4 " in res.stdout
+  for ext in ("csv", "png", "pdf"):
+    assert (out / f"scale.{ext}").stat().st_size > 0
+  import pandas as pd
+  df = pd.read_csv(out / "scale.csv")
+  assert set(df.layout) == {"colocated", "split"} and list(df.chips[:3]) == [1, 8, 64]
+  bad = subprocess.run([sys.executable, os.path.join(REPO, "analysis", "scale.py"), run,
+                        "--accelerator", "b200"], capture_output=True, text=True, timeout=120)
+  assert bad.returncode == 2 and "known: a100" in bad.stderr
+
+
+def test_published_table_is_predicted():
+  sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+  import scale_validation
+  rows = scale_validation.published()
+  assert rows and all(r["calibrated"] == (r["chips"] == 8) for r in rows)
+  assert all(abs(r["rel_error"]) < 1e-6 for r in rows if r["calibrated"])
