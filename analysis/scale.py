@@ -63,15 +63,17 @@ def calibrated(run: tm.Run, run_acc: str, target: str):
 def table(run: tm.Run, w: tm.Workload, cal, acc, chips: list[int], layouts: list[str],
           overlap: bool, steps: float | None) -> pd.DataFrame:
   rows = []
+  base = tm.predict(w, acc, cal, chips[0], "colocated")  # every layout's speedup is against it
   for layout in layouts:
     preds = [tm.predict(w, acc, cal, n, layout, overlap=overlap) for n in chips
              if layout == "colocated" or n >= 2]
     if not preds:
       continue
     bent = set(tm.bends(preds))
-    for i, (p, (sp, eff)) in enumerate(zip(preds, tm.speedups(preds))):
+    for i, p in enumerate(preds):
       r = p.row()
-      r.update(speedup=sp, efficiency=eff, bend=i in bent,
+      sp = base.step / p.step
+      r.update(speedup=sp, efficiency=sp / (p.chips / base.chips), bend=i in bent,
                steps_to_target=steps, time_to_target=steps * p.step if steps else None)
       rows.append(r)
   return pd.DataFrame(rows, columns=COLUMNS)
@@ -81,13 +83,13 @@ def figure(df: pd.DataFrame, out: str, title: str) -> list[str]:
   fig, ax = plt.subplots(figsize=(7.5, 5))
   lo, hi = df.chips.min(), df.chips.max()
   for layout, g in df.groupby("layout", sort=False):
-    base = g.chips.iloc[0]
-    ax.plot(g.chips, g.speedup, marker="o", ms=4, label=f"{layout} (vs {base} chip(s))")
+    ax.plot(g.chips, g.speedup, marker="o", ms=4, label=layout)
     for _, r in g[g.bend].iterrows():
       ax.annotate(r.reason[:70], (r.chips, r.speedup), fontsize=6, xytext=(4, -12),
                   textcoords="offset points")
   ax.plot([lo, hi], [1, hi / lo], color="black", ls="--", lw=1, label="ideal")
-  ax.set(xscale="log", yscale="log", xlabel="chips", ylabel="speedup of the RL step",
+  ax.set(xscale="log", yscale="log", xlabel="chips",
+         ylabel=f"speedup of the RL step vs colocated on {lo} chip(s)",
          title=title)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
@@ -97,8 +99,8 @@ def figure(df: pd.DataFrame, out: str, title: str) -> list[str]:
 
 
 def _fmt(df: pd.DataFrame) -> str:
-  show = df[["chips", "layout", "sampler", "generate", "train", "sync", "fixed", "step",
-             "speedup", "efficiency", "time_to_target", "reason"]]
+  show = df[["chips", "layout", "sampler", "trainer", "generate", "train", "sync", "fixed",
+             "step", "speedup", "efficiency", "time_to_target", "bend", "reason"]]
   return show.to_string(index=False, float_format=lambda v: f"{v:.4g}",
                         formatters={"reason": lambda s: f"{s}"})
 
@@ -117,6 +119,9 @@ def main(argv=None) -> int:
   err = own.step / m.step - 1
   print(f"calibration on {run.path}: {m.chips} {racc.name} device(s), {m.layout}; measured "
         f"step {m.step:.4g} s, predicted {own.step:.4g} s ({err:+.1%})")
+  if abs(err) > 0.25:
+    print(f"warning: the prediction of the measured layout is off by {err:+.0%} (> 25%): the "
+          f"phases' medians do not add up to the step's (time outside the logged phases)")
   print(f"  e_train {cal.e_train:.3g}, e_flops {cal.e_flops:.3g}, e_bw {cal.e_bw:.3g}, "
         f"t_lat {cal.t_lat:.3g} s/decode step, reward {cal.reward_per_response:.3g} s/response, "
         f"other {cal.other:.3g} s")

@@ -50,8 +50,19 @@ def run_job(devices: int) -> str:
          "--config.train.eval_every=0", "--config.train.checkpoint_every=0",
          "--config.train.tensorboard=False"]
   if not os.path.exists(os.path.join(out, "summary.json")):
+    before = os.getloadavg()[0]
     subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True, timeout=1800)
+    with open(os.path.join(out, "loadavg.json"), "w") as f:  # how busy the host was
+      json.dump({"before": before, "after": os.getloadavg()[0]}, f)
   return out
+
+
+def loadavg(run_dir: str) -> dict:
+  p = os.path.join(run_dir, "loadavg.json")
+  if not os.path.exists(p):
+    return {}
+  with open(p) as f:
+    return json.load(f)
 
 
 def simulated() -> None:
@@ -72,7 +83,7 @@ def simulated() -> None:
                                    "fixed": round(m.reward + m.other, 4)},
                       "predicted": {"generate": round(p.generate, 4),
                                     "train": round(p.train, 4), "fixed": round(p.fixed, 4)},
-                      "loadavg_1m": os.getloadavg()[0]}))
+                      "loadavg_1m": loadavg(d)}))
 
 
 def opt_workload(point: dict, table: dict):

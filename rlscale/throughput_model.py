@@ -97,6 +97,7 @@ class Calibration:
   reward_per_response: float
   other: float  # host seconds per step
   source: str  # "run" or "defaults"
+  sync_scale: float = 1.0  # measured / modelled weight sync of a split run (1: not measured)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +203,7 @@ def colocated(w, acc, cal, chips: int) -> Prediction:
 def split(w, acc, cal, chips: int, sampler: int, overlap: bool = False) -> Prediction:
   trainer = chips - sampler
   g, t = generation(w, acc, cal, sampler), training(w, acc, cal, trainer)
-  s, f = weight_sync(w, acc, chips), fixed(w, cal)
+  s, f = weight_sync(w, acc, chips) * cal.sync_scale, fixed(w, cal)
   step = (max(g.seconds, t.seconds + s) if overlap else g.seconds + s + t.seconds) + f
   p = Prediction(chips, "split-overlap" if overlap else "split", sampler, trainer, g.seconds,
                  t.seconds, t.allreduce, s, f, step, g.rows_per_chip, g.critical, t.rows_per_chip)
@@ -313,6 +314,8 @@ def calibrate(w: Workload, m: Measured, acc: Accelerator) -> tuple[Calibration, 
     cal = dataclasses.replace(cal, e_train=e, e_flops=e)
   if not acc.shared_host and acc.name != "cpu":
     cal = dataclasses.replace(cal, e_bw=DEFAULTS["e_bw"])
+  if m.layout == "split" and m.sync > 0:
+    cal = dataclasses.replace(cal, sync_scale=m.sync / weight_sync(w, acc, m.chips))
   g = generation(w, acc, cal, sampler)  # the roofline alone (t_lat = 0)
   calls = math.ceil(w.responses / (w.generation_batch or w.responses))
   left = m.generate - g.seconds
@@ -332,7 +335,7 @@ def transfer(cal: Calibration, run_acc: Accelerator, target: Accelerator,
     return cal
   return dataclasses.replace(cal, e_train=DEFAULTS["e_train"], e_flops=DEFAULTS["e_flops"],
                              e_bw=DEFAULTS["e_bw"], t_lat=DEFAULTS["lat_per_layer"] * w.layers,
-                             source="defaults")
+                             sync_scale=1.0, source="defaults")
 
 
 def steps_to_target(responses_to_target: float | None, responses: int, batch: float,
@@ -345,12 +348,6 @@ def steps_to_target(responses_to_target: float | None, responses: int, batch: fl
   if responses_to_target is None:
     return None, "the run did not reach its target"
   return responses_to_target / responses, "the run's responses to target, kept"
-
-
-def speedups(preds: list[Prediction]) -> list[tuple[float, float]]:
-  """(speedup vs the first point, efficiency = speedup / chip ratio) of each prediction."""
-  base = preds[0]
-  return [(base.step / p.step, base.step / p.step / (p.chips / base.chips)) for p in preds]
 
 
 def bends(preds: list[Prediction], drop: float = 0.75) -> list[int]:
