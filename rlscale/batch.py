@@ -209,9 +209,10 @@ def _steps(errors: list[str], train: Mapping[str, Any], per_step: int) -> int:
 
 
 def plan(cfg: Mapping[str, Any], *, shards: int = 1, processes: int = 1, seq_len: int = 0,
-         kv_bytes_per_row: int = 0) -> BatchPlan:
+         kv_bytes_per_row: int = 0, gen_shards: int | None = None) -> BatchPlan:
   """The plan of `cfg` (a ConfigDict or the dict of a run's config.json) on a mesh with
-  `shards` batch shards over `processes` processes.
+  `shards` batch shards over `processes` processes; `gen_shards` are the sampler's batch
+  shards when it has a mesh of its own (mesh.roles='split'), else the trainer's.
 
   `seq_len` (prompt + response tokens) and `kv_bytes_per_row` (the KV cache of one response)
   size the automatic choices; 0 means unknown. Raises ConfigError naming every bad field.
@@ -235,7 +236,7 @@ def plan(cfg: Mapping[str, Any], *, shards: int = 1, processes: int = 1, seq_len
       models["critic"] = _model(errors, "critic", "critic", cfg["critic"], rows, shards, seq_len,
                                 noise)
     gen = _generation_batch(errors, cfg["rollout"]["generation_batch"], rows,
-                            shards * processes, kv_bytes_per_row)
+                            (gen_shards or shards) * processes, kv_bytes_per_row)
   if p and p % processes:
     errors.append(f"{'sft.batch_size' if kind == 'sft' else 'rl.num_prompts'}={p} must split "
                   f"over {processes} processes")
@@ -279,4 +280,5 @@ def plan_for(cfg, env) -> BatchPlan:
     kv_bytes = 2 * m.num_layers * m.num_kv_heads * m.head_dim * seq_len * itemsize
   return plan(cfg, shards=sharding.batch_divisor(env.mesh, env.rules),
               processes=jax.process_count(), seq_len=seq_len or env.task.max_prompt_len +
-              env.task.max_answer_len, kv_bytes_per_row=kv_bytes)
+              env.task.max_answer_len, kv_bytes_per_row=kv_bytes,
+              gen_shards=sharding.batch_divisor(env.meshes.sampler, env.rules))

@@ -74,6 +74,11 @@ def mesh() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.shape = (-1, 1, 1)  # devices along (data, fsdp, tensor); one -1 takes the remaining devices
   c.rules = ()  # extra (logical axis, mesh axis or axes) pairs over sharding.DEFAULT_RULES
+  # colocated: sample and train on every device; split: the sampler gets `sampler_devices` of
+  # them (a mesh of `sampler_shape`), the trainer the rest (a mesh of `shape`); rlscale/roles.py
+  c.roles = "colocated"
+  c.sampler_devices = 0  # split: devices that sample (a multiple of the processes)
+  c.sampler_shape = (-1, 1, 1)  # split: the sampler's mesh over its devices
   return c
 
 
@@ -163,6 +168,9 @@ def rollout(max_new_tokens: int) -> ml_collections.ConfigDict:
   c.top_p = 1.0  # 1 keeps every token
   c.generation_batch = auto_or_int()  # responses per compiled decode call; auto: rlscale/batch.py
   c.decode_chunk = 64  # KV-cache slots per chunk of generated tokens
+  # Generate step N+1's responses while step N trains (one step off-policy, as in verl,
+  # AReaL, PipelineRL); the lag is recorded and the ratio uses the sampler's log-probs.
+  c.overlap = False
   return c
 
 

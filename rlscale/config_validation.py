@@ -89,28 +89,23 @@ def _hf_folder(errors: list[str], field: str, folder, *, weights: bool = False,
   return not missing
 
 
-def _mesh(errors: list[str], cfg) -> int:
-  """Batch shards of the config's mesh on this run's devices (1 when the mesh is wrong)."""
+def _mesh(errors: list[str], cfg) -> tuple[int, int]:
+  """Batch shards of the trainer's and the sampler's meshes on this run's devices (1 when the
+  mesh section is wrong; rlscale/roles.py checks the roles and shapes)."""
+  from rlscale import roles
+  m = cfg.mesh
+  bad = roles.check(m, jax.device_count(), jax.process_count())
+  if bad:
+    errors += bad
+    return 1, 1
   try:
-    shape = [int(s) for s in cfg.mesh.shape]
-  except (TypeError, ValueError):
-    errors.append(f"mesh.shape={cfg.mesh.shape!r} must be 3 integer sizes (data, fsdp, tensor)")
-    return 1
-  n = jax.device_count()
-  known = math.prod(s for s in shape if s != -1)
-  if len(shape) != 3 or shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
-    errors.append(f"mesh.shape={tuple(shape)} must be 3 positive sizes (data, fsdp, tensor), "
-                  f"at most one -1")
-    return 1
-  if (-1 in shape and n % known) or (-1 not in shape and known != n):
-    errors.append(f"mesh.shape={tuple(shape)} does not fit {n} devices")
-    return 1
-  try:
-    rules = sharding.rules_from_config(cfg.mesh.rules)
+    rules = sharding.rules_from_config(m.rules)
   except (ValueError, TypeError) as e:
-    errors.append(f"mesh.rules={cfg.mesh.rules!r}: {e}")
-    return 1
-  return batch.batch_shards(shape, rules, n)
+    errors.append(f"mesh.rules={m.rules!r}: {e}")
+    return 1, 1
+  n, split = jax.device_count(), m.get("roles", "colocated") == "split"
+  trainer = batch.batch_shards(m.shape, rules, n - m.sampler_devices if split else n)
+  return trainer, batch.batch_shards(m.sampler_shape, rules, m.sampler_devices) if split else trainer
 
 
 def _model(errors: list[str], cfg):
@@ -221,11 +216,25 @@ def _rl(errors: list[str], cfg) -> None:
                    top_p=ro.top_p, decode_chunk=ro.decode_chunk)
   except (ValueError, TypeError) as e:  # "sampling: a=1 must ...; b=2 must ..."
     errors += ["rollout." + m for m in str(e).removeprefix("sampling: ").split("; ")]
+  _overlap(errors, cfg)
   n = cfg.noise
   _bool(errors, "noise.enabled", n.enabled)
   _bool(errors, "noise.prompt_level", n.prompt_level)
   _number(errors, "noise.decay", n.decay, "in (0, 1)", lambda v: 0 < v < 1)
   _target(errors, cfg)
+
+
+def _overlap(errors: list[str], cfg) -> None:
+  """Overlapped generation trains on responses of the policy one update back: the ratio's
+  denominator must be the sampler's log-probs, which know the lag."""
+  ro = cfg.rollout
+  if "overlap" not in ro:
+    return
+  _bool(errors, "rollout.overlap", ro.overlap)
+  if ro.overlap is True and cfg.rl.old_logprobs == "recompute":
+    errors.append("rollout.overlap=True with rl.old_logprobs='recompute': the recomputed "
+                  "log-probs are the trainer's, not the policy that sampled (one update "
+                  "older); use rl.old_logprobs='sampler'")
 
 
 def _target(errors: list[str], cfg) -> None:
@@ -315,7 +324,7 @@ def validate(cfg: ml_collections.ConfigDict, config_file: str | None = None,
   errors: list[str] = []
   if workdir is not None:
     errors += check_directory(workdir)
-  shards = _mesh(errors, cfg)
+  shards, gen_shards = _mesh(errors, cfg)
   model_cfg = _model(errors, cfg)
   _task(errors, cfg, model_cfg)
   errors += optim.check(cfg.optim, "optim")
@@ -324,7 +333,7 @@ def validate(cfg: ml_collections.ConfigDict, config_file: str | None = None,
     _rl(errors, cfg)
   _files(errors, cfg, config_file)
   try:
-    plan = batch.plan(cfg, shards=shards, processes=jax.process_count())
+    plan = batch.plan(cfg, shards=shards, processes=jax.process_count(), gen_shards=gen_shards)
   except ConfigError as e:
     errors += [line.strip() for line in str(e).splitlines()[1:]]
     plan = None

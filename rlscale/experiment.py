@@ -13,7 +13,7 @@ import ml_collections
 from absl import logging
 from jax.sharding import Mesh
 
-from rlscale import models, sharding, tasks
+from rlscale import models, roles, sharding, tasks
 from rlscale.checkpoints.hf import config_from_folder
 from rlscale.checkpoints.tokenizer import HFTokenizer
 from rlscale.metrics_writer import write_json
@@ -25,6 +25,11 @@ class Setup:
   rules: dict
   task: tasks.Task
   model_cfg: models.ModelConfig
+  sampler_mesh: Mesh | None = None  # mesh.roles='split': the sampler's; None: `mesh` samples
+
+  @property
+  def meshes(self) -> roles.Meshes:
+    return roles.Meshes(self.mesh, self.sampler_mesh or self.mesh)
 
 
 def model_config(cfg: ml_collections.ConfigDict) -> models.ModelConfig:
@@ -36,7 +41,7 @@ def model_config(cfg: ml_collections.ConfigDict) -> models.ModelConfig:
 
 
 def setup(cfg: ml_collections.ConfigDict) -> Setup:
-  mesh = sharding.make_mesh(cfg.mesh.shape)
+  meshes = roles.make_meshes(cfg.mesh)
   rules = sharding.rules_from_config(cfg.mesh.rules)
   tokenizer = HFTokenizer(cfg.model.hf_checkpoint) if cfg.model.hf_checkpoint else None
   task = tasks.make(cfg.task, tokenizer)
@@ -45,9 +50,14 @@ def setup(cfg: ml_collections.ConfigDict) -> Setup:
     raise ValueError(f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "
                      f"vocabulary ({task.tokenizer.vocab_size})")
   logging.info("mesh %s over %d devices (%d processes); model %s, %.2fM parameters",
-               dict(mesh.shape), jax.device_count(), jax.process_count(), model_cfg.family,
-               model_cfg.num_params() / 1e6)
-  return Setup(mesh, rules, task, model_cfg)
+               dict(meshes.trainer.shape), jax.device_count(), jax.process_count(),
+               model_cfg.family, model_cfg.num_params() / 1e6)
+  if meshes.split:
+    logging.info("roles split: the trainer's mesh %s on %d devices, the sampler's %s on %d",
+                 dict(meshes.trainer.shape), meshes.trainer.size, dict(meshes.sampler.shape),
+                 meshes.sampler.size)
+  return Setup(meshes.trainer, rules, task, model_cfg,
+               meshes.sampler if meshes.split else None)
 
 
 def config_hash(cfg: ml_collections.ConfigDict, drop: tuple[str, ...] = ()) -> str:

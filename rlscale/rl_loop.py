@@ -1,8 +1,11 @@
 """The RL trainer: prompts -> decode on the mesh -> rewards -> the algorithm's update.
 
-Sampling and training use the same parameters on the same mesh. The loop (rlscale/loop.py)
-dispatches step N+1's decode before it fetches step N's metrics; this file says what one
-step is, for every algorithm behind rlscale/rl/algorithm.py. Every step records the sample
+Sampling and training share the mesh (mesh.roles='colocated') or have one each ('split',
+rlscale/roles.py: the weights move to the sampler's mesh after each update, timed as
+`time/weight_sync`). The loop (rlscale/loop.py) dispatches step N+1's decode before it
+fetches step N's metrics; with rollout.overlap, step N+1's decode is dispatched before step
+N's update, with the weights that sampled step N (one update behind: `rollout/policy_lag`).
+This file says what one step is, for every algorithm behind rlscale/rl/algorithm.py. Every step records the sample
 axis (responses and tokens seen), rewards, what the algorithm's models report (gradient
 norms, noise scale, effective hyperparameters), per-phase seconds, throughput and MFU.
 """
@@ -20,7 +23,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from rlscale import base_policy, batch, distributed, experiment, flops, rollout, sharding
+from rlscale import base_policy, batch, distributed, experiment, flops, roles, rollout, sharding
 from rlscale.checkpoints import hf
 from rlscale.evaluation import Evaluator
 from rlscale.loop import Loop, NonFiniteError, Pending  # noqa: F401  (NonFiniteError: API)
@@ -35,11 +38,13 @@ EVAL_KEY = 2 * 10**6  # evaluation keys are fold_in(seed key, EVAL_KEY + step)
 @dataclasses.dataclass
 class Begun:
   """A step whose decode was dispatched."""
+  step: int
   problems: list
   prompt_tokens: np.ndarray
   prompt_mask: np.ndarray
   rollout: Any
   t_dispatch: float
+  version: int  # updates the sampling weights had seen
 
 
 class RLTrainer:
@@ -63,11 +68,16 @@ class RLTrainer:
     self.samples_per_step = self.plan.responses
     self.counters = {"responses_seen": 0, "tokens_seen": 0}
     ro, tok = cfg.rollout, env.task.tokenizer
+    self.meshes = env.meshes
+    self.overlap = bool(ro.get("overlap", False))
+    self.sync = roles.WeightSync(self.meshes, env.rules, keep_copy=self.overlap)
+    self.sampler_params = self.sync(self.actor.params)  # the weights that sample, on its mesh
+    self.prefetched: Begun | None = None  # overlap: the next step's decode, dispatched
     self.sampler = Sampler(self.graphdef, SamplingParams(
         max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_k=ro.top_k,
         top_p=ro.top_p, eos_ids=tok.eos_ids, pad_id=tok.pad_id, decode_chunk=ro.decode_chunk),
-        env.mesh, env.rules)
-    self.evaluator = Evaluator(env.task, self.graphdef, env.mesh, env.rules,
+        self.meshes.sampler, env.rules)
+    self.evaluator = Evaluator(env.task, self.graphdef, self.meshes.sampler, env.rules,
                                max_new_tokens=ro.max_new_tokens,
                                generation_batch=cfg.eval.generation_batch,
                                decode_chunk=ro.decode_chunk, sampled=cfg.eval.sampled)
@@ -85,6 +95,8 @@ class RLTrainer:
     for n, m in self.algo.models.items():
       m.state = state[n]
       m.load_noise_state(meta.get("noise", {}).get(n, {}))
+    # The restored weights sample the next step: an overlapped run resumes on-policy (lag 0).
+    self.sampler_params, self.prefetched = self.sync(self.actor.params), None
 
   def meta(self) -> dict[str, Any]:
     return {"noise": {n: m.noise_state() for n, m in self.algo.models.items()}}
@@ -93,15 +105,23 @@ class RLTrainer:
 
   def begin(self, step: int) -> Begun:
     """This process's prompts (problems [(step-1) P, step P) of the stream, G copies each),
-    and their decode dispatched."""
+    and their decode dispatched (with rollout.overlap, by the previous step already)."""
+    if self.prefetched is not None and self.prefetched.step == step:
+      b, self.prefetched = self.prefetched, None
+      return b
+    return self._dispatch(step, step - 1)
+
+  def _dispatch(self, step: int, version: int) -> Begun:
+    """Step `step`'s decode with the sampler's current weights, those after step `version`'s
+    update (step - 1 on-policy; step - 2 when an overlapped step - 1 dispatched it)."""
     first = (step - 1) * self.plan.num_prompts
     problems = self.env.task.problems(first + self.rows.start, self.rows.stop - self.rows.start)
     ptoks, pmask = rollout.prompts(self.env.task, problems, self.plan.group_size)
     t = time.time()
-    out = generate(self.sampler, self.actor.params, ptoks, pmask,
+    out = generate(self.sampler, self.sampler_params, ptoks, pmask,
                    jax.random.fold_in(self.step_key(step), 0), self.plan.generation_batch,
                    group_size=self.plan.group_size)  # the G copies of a prompt prefill once
-    return Begun(problems, ptoks, pmask, out, t)
+    return Begun(step, problems, ptoks, pmask, out, t, version)
 
   def step_key(self, step: int) -> jax.Array:
     return jax.random.fold_in(self.key, step)
@@ -109,7 +129,9 @@ class RLTrainer:
   def complete(self, step: int, b: Begun, t_start: float) -> Pending:
     """Score the responses, let the algorithm prepare and dispatch its update."""
     toks, rmask = rollout.host_rollout(b.rollout)
-    phases = {"generate": time.time() - max(b.t_dispatch, t_start)}
+    phases = {"generate": time.time() - max(b.t_dispatch, t_start)}  # overlap: the wait only
+    if self.overlap and step < self.plan.num_steps:  # the sampler's next step, before the update
+      self.prefetched = self._dispatch(step + 1, step - 1)
     t = time.time()
     repeated = [p for p in b.problems for _ in range(self.plan.group_size)]
     rewards, correct, finished = rollout.score(self.env.task, repeated, toks, rmask,
@@ -118,17 +140,22 @@ class RLTrainer:
     seq = rollout.sequence_batch(b.prompt_tokens, b.prompt_mask, b.rollout, self.env.mesh,
                                  self.env.rules)
     scores = sharding.put_batch(rewards, self.env.mesh, self.env.rules)
-    more_phases, host = self.algo.prepare(seq, b.rollout.logprobs, scores)
+    sample_logp, = roles.to_mesh([b.rollout.logprobs], self.env.mesh, self.env.rules)
+    more_phases, host = self.algo.prepare(seq, sample_logp, scores)
     phases.update(more_phases)
     host.update(rollout.reward_metrics(rewards, correct, finished, rmask, self.plan.group_size))
     plen, rlen = b.prompt_mask.sum(axis=1), rmask.sum(axis=1)
     host["train_tokens"] = int(distributed.global_sum(rlen.sum() + plen.sum()))
+    host["rollout/policy_lag"] = (step - 1) - b.version  # updates between sampling and training
     self.counters["responses_seen"] += self.plan.responses
     self.counters["tokens_seen"] += host["response_tokens"]
     by_group = self.prompt_level and step % 2 == 0
     t_update = time.time()
     update_phases, metrics = self.algo.update(seq, jax.random.fold_in(self.step_key(step), 1),
                                               step, by_group)
+    self.sampler_params = self.sync(self.actor.params)
+    if self.meshes.split:
+      update_phases["weight_sync"] = self.sync.seconds
     return Pending(step, metrics, host, phases, t_start, t_update, "actor_update",
                    update_phases, info=(by_group, self.step_flops(plen, rlen)))
 
@@ -152,21 +179,24 @@ class RLTrainer:
 
   def rates(self, p: Pending, wall: float) -> dict[str, float]:
     _, step_flops = p.info
-    update_s = p.phases["actor_update"] + sum(p.update_phases.values())  # every model's
-    out = {"throughput/gen_tokens_per_s": p.host["response_tokens"] / p.phases["generate"],
-           "throughput/train_tokens_per_s":
+    update_s = p.phases["actor_update"] + sum(  # every model's
+        v for k, v in p.update_phases.items() if k != "weight_sync")
+    out = {"throughput/train_tokens_per_s":
                p.host["train_tokens"] * self.plan.main.num_epochs / update_s,
            "throughput/responses_per_s": self.plan.responses / wall,
            "flops/step": sum(step_flops.values())}  # model FLOPs: a report's compute axis
+    if not self.overlap:  # an overlapped step's generate phase is only the wait it caused
+      out["throughput/gen_tokens_per_s"] = p.host["response_tokens"] / p.phases["generate"]
     if self.peak:
-      devices = self.peak * jax.device_count()
-      out["mfu/generate"] = step_flops["generate"] / p.phases["generate"] / devices
-      out["mfu/update"] = step_flops["update"] / update_s / devices
-      out["mfu/step"] = sum(step_flops.values()) / wall / devices
+      sampler, trainer = (self.peak * m.size for m in (self.meshes.sampler, self.meshes.trainer))
+      if not self.overlap:
+        out["mfu/generate"] = step_flops["generate"] / p.phases["generate"] / sampler
+      out["mfu/update"] = step_flops["update"] / update_s / trainer
+      out["mfu/step"] = sum(step_flops.values()) / wall / (self.peak * jax.device_count())
     return out
 
   def evaluate(self, step: int) -> dict[str, float]:
-    return self.evaluator(self.actor.params, jax.random.fold_in(self.key, EVAL_KEY + step))
+    return self.evaluator(self.sampler_params, jax.random.fold_in(self.key, EVAL_KEY + step))
 
   def progress(self, row: dict[str, Any], last_eval: dict[str, float]) -> dict[str, Any]:
     return {"responses": self.counters["responses_seen"], "reward": float(row["reward/mean"]),

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from rlscale import distributed, sharding
+from rlscale import distributed, roles, sharding
 from rlscale.rl.update import SequenceBatch
 from rlscale.sampling import Rollout
 from rlscale.tasks.base import Problem, Task, left_pad
@@ -45,12 +45,14 @@ def host_rollout(out: Rollout) -> tuple[np.ndarray, np.ndarray]:
 
 
 def sequence_batch(prompt_tokens, prompt_mask, out: Rollout, mesh: Mesh, rules) -> SequenceBatch:
-  """Prompt and response side by side, on the mesh; the algorithm fills `extras`."""
+  """Prompt and response side by side, on the (trainer's) mesh; the algorithm fills `extras`.
+  The responses move there from the sampler's mesh when it has one (roles.to_mesh)."""
   pt = sharding.put_batch(prompt_tokens, mesh, rules)
   pm = sharding.put_batch(prompt_mask, mesh, rules)
-  tokens = jnp.concatenate([pt, out.tokens], axis=1)
-  mask = jnp.concatenate([pm, out.mask], axis=1)
-  return SequenceBatch(tokens, mask, out.mask, {})
+  rt, rm = roles.to_mesh([out.tokens, out.mask], mesh, rules)
+  tokens = jnp.concatenate([pt, rt], axis=1)
+  mask = jnp.concatenate([pm, rm], axis=1)
+  return SequenceBatch(tokens, mask, rm, {})
 
 
 def reward_metrics(rewards, correct, finished, resp_mask, group_size: int) -> dict[str, Any]:
