@@ -82,11 +82,11 @@ def table(run: tm.Run, w: tm.Workload, cal, acc, chips: list[int], layouts: list
 def figure(df: pd.DataFrame, out: str, title: str) -> list[str]:
   fig, ax = plt.subplots(figsize=(7.5, 5))
   lo, hi = df.chips.min(), df.chips.max()
-  for layout, g in df.groupby("layout", sort=False):
+  for k, (layout, g) in enumerate(df.groupby("layout", sort=False)):
     ax.plot(g.chips, g.speedup, marker="o", ms=4, label=layout)
-    for _, r in g[g.bend].iterrows():
-      ax.annotate(r.reason[:70], (r.chips, r.speedup), fontsize=6, xytext=(4, -12),
-                  textcoords="offset points")
+    for _, r in g[g.bend].iterrows():  # colocated's reasons below the curve, split's above
+      ax.annotate(f"{layout}: {r.reason[:70]}", (r.chips, r.speedup), fontsize=6,
+                  xytext=(4, -12 if k == 0 else 10), textcoords="offset points")
   ax.plot([lo, hi], [1, hi / lo], color="black", ls="--", lw=1, label="ideal")
   ax.set(xscale="log", yscale="log", xlabel="chips",
          ylabel=f"speedup of the RL step vs colocated on {lo} chip(s)",
