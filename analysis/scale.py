@@ -4,7 +4,7 @@
         [--layout colocated|split|both] [--overlap] [--prompts P --group G] \
         [--bcrit B --smin S] [--run_accelerator cpu] [--out DIR]
 
-The model (rlscale/throughput_model.py) is calibrated on RUN_DIR's median step past compilation
+The model (rlscale/throughput_model.py) is calibrated (rlscale/throughput_calibration.py) on RUN_DIR's median step past compilation
 on the accelerator it ran on (--run_accelerator, default cpu), then applied to --accelerator.
 Prints a table (chips, layout, generate/train/sync/fixed/step seconds, speedup and efficiency
 against the first chip count, time to target, what bounds the point), the calibration point's
@@ -25,6 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from rlscale import accelerators  # noqa: E402
+from rlscale import throughput_calibration as tc  # noqa: E402
 from rlscale import throughput_model as tm  # noqa: E402
 
 COLUMNS = ["chips", "layout", "sampler", "trainer", "generate", "train", "allreduce", "sync",
@@ -48,19 +49,19 @@ def parse(argv=None) -> argparse.Namespace:
   return p.parse_args(argv)
 
 
-def calibrated(run: tm.Run, run_acc: str, target: str):
+def calibrated(run: tc.Run, run_acc: str, target: str):
   """(calibration on the run's accelerator, that accelerator, the target's calibration and
   accelerator)."""
-  cal, racc = tm.calibrate(run.workload, run.measured, accelerators.get(run_acc))
+  cal, racc = tc.calibrate(run.workload, run.measured, accelerators.get(run_acc))
   tacc = accelerators.get(target)
   if tacc.peak_flops is None:  # the cpu row as the target: the run's calibrated host
     tacc = tacc.with_peak(racc.peak_flops) if tacc.name == racc.name else None
     if tacc is None:
       raise ValueError(f"accelerator {target!r} has no peak; calibrate it from a run on it")
-  return cal, racc, tm.transfer(cal, racc, tacc, run.workload), tacc
+  return cal, racc, tc.transfer(cal, racc, tacc, run.workload), tacc
 
 
-def table(run: tm.Run, w: tm.Workload, cal, acc, chips: list[int], layouts: list[str],
+def table(run: tc.Run, w: tm.Workload, cal, acc, chips: list[int], layouts: list[str],
           overlap: bool, steps: float | None) -> pd.DataFrame:
   rows = []
   base = tm.predict(w, acc, cal, chips[0], "colocated")  # every layout's speedup is against it
@@ -107,7 +108,7 @@ def _fmt(df: pd.DataFrame) -> str:
 
 def main(argv=None) -> int:
   a = parse(argv)
-  run = tm.load_run(a.run_dir)
+  run = tc.load_run(a.run_dir)
   w = run.workload
   if a.prompts or a.group:
     p = a.prompts or run.summary.get("num_prompts") or w.responses

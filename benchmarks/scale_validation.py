@@ -67,12 +67,13 @@ def loadavg(run_dir: str) -> dict:
 
 def simulated() -> None:
   from rlscale import accelerators
+  from rlscale import throughput_calibration as tc
   from rlscale import throughput_model as tm
   dirs = {int(n): run_job(int(n)) for n in FLAGS.devices}
-  base = tm.load_run(dirs[FLAGS.calibrate_on])
-  cal, acc = tm.calibrate(base.workload, base.measured, accelerators.get("cpu"))
+  base = tc.load_run(dirs[FLAGS.calibrate_on])
+  cal, acc = tc.calibrate(base.workload, base.measured, accelerators.get("cpu"))
   for n, d in sorted(dirs.items()):
-    run = tm.load_run(d)
+    run = tc.load_run(d)
     m = run.measured
     p = tm.predict(run.workload, acc, cal, m.chips, m.layout, m.sampler, m.overlap)
     print(json.dumps({"benchmark": "scale_validation", "devices": n,

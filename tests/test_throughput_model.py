@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from rlscale import accelerators, config_files
+from rlscale import throughput_calibration as tc
 from rlscale import throughput_model as tm
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,30 +114,30 @@ def test_bend_reasons_appear_where_constructed():
 def test_calibration_reproduces_the_calibration_run():
   small = workload(params=1e6, matmul_params=1e6, train_flops_per_response=1e9)
   for w, name, chips in ((small, "cpu", 1), (small, "cpu", 4), (workload(), "h100", 8)):
-    m = tm.Measured(generate=3.0, train=5.0, reward=0.2, other=0.3, sync=0.0, step=8.5,
+    m = tc.Measured(generate=3.0, train=5.0, reward=0.2, other=0.3, sync=0.0, step=8.5,
                     chips=chips)
-    cal, acc = tm.calibrate(w, m, accelerators.get(name))
+    cal, acc = tc.calibrate(w, m, accelerators.get(name))
     p = tm.predict(w, acc, cal, chips, "colocated")
     assert (p.generate, p.train, p.fixed) == pytest.approx((3.0, 5.0, 0.5), rel=1e-9)
-  w, fast = workload(), tm.Measured(generate=1e-4, train=5.0, reward=0, other=0, sync=0, step=5,
+  w, fast = workload(), tc.Measured(generate=1e-4, train=5.0, reward=0, other=0, sync=0, step=5,
                                     chips=8)
-  cal, acc = tm.calibrate(w, fast, accelerators.get("h100"))  # faster than the roofline
+  cal, acc = tc.calibrate(w, fast, accelerators.get("h100"))  # faster than the roofline
   assert tm.predict(w, acc, cal, 8, "colocated").generate == pytest.approx(1e-4)
 
 
 def test_calibration_reproduces_a_split_run():
   w, acc = workload(), accelerators.get("h100")
-  m = tm.Measured(generate=3.0, train=5.0, reward=0.2, other=0.3, sync=0.4, step=8.9, chips=16,
+  m = tc.Measured(generate=3.0, train=5.0, reward=0.2, other=0.3, sync=0.4, step=8.9, chips=16,
                   layout="split", sampler=4)
-  cal, acc = tm.calibrate(w, m, acc)
+  cal, acc = tc.calibrate(w, m, acc)
   p = tm.predict(w, acc, cal, 16, "split", sampler=4)
   assert (p.generate, p.sync, p.train, p.step) == pytest.approx((3.0, 0.4, 5.0, 8.9))
 
 
 def test_shared_host_devices_add_no_compute():
   w = workload(params=1e6, matmul_params=1e6, train_flops_per_response=1e9)
-  m = tm.Measured(generate=1.0, train=2.0, reward=0, other=0, sync=0, step=3, chips=1)
-  cal, acc = tm.calibrate(w, m, accelerators.get("cpu"))
+  m = tc.Measured(generate=1.0, train=2.0, reward=0, other=0, sync=0, step=3, chips=1)
+  cal, acc = tc.calibrate(w, m, accelerators.get("cpu"))
   one, eight = (tm.predict(w, acc, cal, n, "colocated") for n in (1, 8))
   assert eight.generate == pytest.approx(one.generate, rel=1e-2)  # + each device's weight reads
   assert eight.train >= one.train  # the same compute, plus host-memory all-reduces
@@ -170,7 +171,7 @@ def synthetic_run(path, devices=1):
 
 
 def test_load_run_reads_medians_past_compilation(tmp_path):
-  run = tm.load_run(synthetic_run(str(tmp_path / "run")))
+  run = tc.load_run(synthetic_run(str(tmp_path / "run")))
   m = run.measured
   assert (m.generate, m.train, m.reward + m.other, m.step) == pytest.approx(
       (0.2, 0.5, 0.03, 0.73))

@@ -1,0 +1,180 @@
+"""Calibration of the throughput model (rlscale/throughput_model.py) from a run directory.
+
+A run's config.json, metrics.jsonl and summary.json give its workload (model shape, batch plan,
+measured tokens and FLOPs) and its median phase seconds past compilation. From one run: e_train
+from the update's FLOPs; decode compute at e_train, bandwidth at e_bw, and what the roofline
+leaves of the measured decode is t_lat (or, when the roofline alone is slower, e_f and e_bw are
+scaled down), so the calibration run is reproduced exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+from typing import Any
+
+from rlscale import flops
+from rlscale.accelerators import Accelerator
+from rlscale.throughput_model import (DEFAULTS, Calibration, Workload, allreduce, generation,
+                                      weight_sync)
+
+SKIP_STEPS = 2  # steps 1-2 compile
+TRAIN_KEYS = ("time/logprobs", "time/actor_update", "time/critic_update")
+FIXED_KEYS = ("time/reward", "time/other")
+NOT_STEP_KEYS = ("time/eval", "time/checkpoint")  # periodic, outside the step model
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+  """A run's median phase seconds past compilation, and where it ran."""
+  generate: float
+  train: float
+  reward: float
+  other: float
+  sync: float
+  step: float  # time/step less eval and checkpoint
+  chips: int
+  layout: str = "colocated"
+  sampler: int = 0  # split: the sampler's chips
+  overlap: bool = False
+
+
+def medians(rows: list[dict], skip: int = SKIP_STEPS) -> dict[str, float]:
+  """Median of each time/ metric over steps past `skip` (step 0 is the starting evaluation)."""
+  steps = [r for r in rows if r.get("step", 0) > skip] or [r for r in rows if r.get("step", 0)]
+  if not steps:
+    raise ValueError("metrics.jsonl has no RL steps to calibrate from")
+  def med(fn):
+    return statistics.median(fn(r) for r in steps)
+  out = {k: med(lambda r, k=k: float(r.get(k, 0.0))) for k in
+         TRAIN_KEYS + FIXED_KEYS + ("time/generate", "time/weight_sync", "response_tokens",
+                                    "train_tokens", "flops/step")}
+  out["train"] = med(lambda r: sum(float(r.get(k, 0.0)) for k in TRAIN_KEYS))
+  out["step"] = med(lambda r: float(r["time/step"]) - sum(float(r.get(k, 0.0))
+                                                          for k in NOT_STEP_KEYS))
+  return out
+
+
+def _uncalibrated(acc: Accelerator, w: Workload, m: Measured) -> Calibration:
+  return Calibration(e_train=1.0, e_flops=1.0, e_bw=1.0, t_lat=0.0,
+                     reward_per_response=m.reward / w.responses, other=m.other, source="run")
+
+
+def calibrate(w: Workload, m: Measured, acc: Accelerator) -> tuple[Calibration, Accelerator]:
+  """Efficiencies and latencies that reproduce the measured run on `acc` exactly.
+
+  Returns the calibration and the accelerator (the cpu row with its compute rate filled in).
+  """
+  cal = _uncalibrated(acc, w, m)
+  trainer = m.chips - m.sampler if m.layout == "split" else m.chips
+  sampler = m.sampler if m.layout == "split" else m.chips
+  used = min(trainer, w.minibatch)
+  compute = m.train - allreduce(w, acc, used)
+  if compute <= 0:
+    raise ValueError(f"the modelled all-reduce on {acc.name} ({allreduce(w, acc, used):.3g} s) "
+                     f"exceeds the measured training time ({m.train:.3g} s): its link bandwidth "
+                     f"in the accelerator table is too low for this run")
+  train_flops = w.train_flops_per_response * w.responses
+  if acc.peak_flops is None:  # the cpu row: the host's rate, with e_train = 1 by definition
+    acc = acc.with_peak(train_flops / compute)
+  else:
+    e = train_flops / (compute * acc.peak_flops * (1 if acc.shared_host else used))
+    cal = dataclasses.replace(cal, e_train=e, e_flops=e)
+  if not acc.shared_host and acc.name != "cpu":
+    cal = dataclasses.replace(cal, e_bw=DEFAULTS["e_bw"])
+  if m.layout == "split" and m.sync > 0:
+    cal = dataclasses.replace(cal, sync_scale=m.sync / weight_sync(w, acc, m.chips))
+  g = generation(w, acc, cal, sampler)  # the roofline alone (t_lat = 0)
+  calls = math.ceil(w.responses / (w.generation_batch or w.responses))
+  left = m.generate - g.seconds
+  if left >= 0:
+    return dataclasses.replace(cal, t_lat=left / (calls * w.decode_steps)), acc
+  scale = g.seconds / m.generate  # the roofline alone is slower: the efficiencies were higher
+  return dataclasses.replace(cal, e_flops=cal.e_flops * scale, e_bw=cal.e_bw * scale), acc
+
+
+def transfer(cal: Calibration, run_acc: Accelerator, target: Accelerator,
+             w: Workload) -> Calibration:
+  """The calibration to use on `target`: the run's own when the target is the run's kind or
+  the run's efficiencies are against a datasheet peak; typical defaults when the run was on
+  the CPU and the target is not (a CPU's efficiencies say nothing about a GPU's). Host costs
+  (reward, other) are kept as measured either way."""
+  if target.name == run_acc.name or not run_acc.shared_host:
+    return cal
+  return dataclasses.replace(cal, e_train=DEFAULTS["e_train"], e_flops=DEFAULTS["e_flops"],
+                             e_bw=DEFAULTS["e_bw"], t_lat=DEFAULTS["lat_per_layer"] * w.layers,
+                             sync_scale=1.0, source="defaults")
+
+
+@dataclasses.dataclass
+class Run:
+  """What the model reads from a run directory."""
+  path: str
+  workload: Workload
+  measured: Measured
+  summary: dict[str, Any]
+  batch: float  # responses per optimizer step (the actor's), for S = S_min (1 + B_crit / B)
+
+
+def _read(path: str, name: str):
+  p = os.path.join(path, name)
+  if not os.path.exists(p):
+    return {} if name.endswith(".json") else []
+  with open(p) as f:
+    if name.endswith(".json"):
+      return json.load(f)
+    return [json.loads(line) for line in f if line.strip().startswith("{")]
+
+
+def workload(config: dict, plan, med: dict[str, float]) -> Workload:
+  """The step's sizes from the config (model shape), the batch plan and the measured tokens."""
+  import ml_collections
+  from rlscale import experiment
+  cfg = experiment.model_config(ml_collections.ConfigDict(config))
+  r = plan.responses
+  rlen = med["response_tokens"] / r
+  plen = (med["train_tokens"] - med["response_tokens"]) / r
+  act = 2 if "16" in str(cfg.dtype) else 4
+  pb = 2 if "16" in str(cfg.param_dtype) else 4
+  gen = flops.rollout_flops(cfg, [plen] * r, [rlen] * r)
+  gb = config.get("rollout", {}).get("generation_batch", "auto")
+  models = list(plan.models.values())
+  return Workload(
+      responses=r, prompt_len=plen, response_len=rlen,
+      decode_steps=int(config["rollout"]["max_new_tokens"]),
+      matmul_params=flops.matmul_params(cfg), params=cfg.num_params(), layers=cfg.num_layers,
+      param_bytes=pb, kv_bytes_per_token=2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * act,
+      attn_flops_per_key=4 * cfg.num_layers * cfg.num_heads * cfg.head_dim,
+      train_flops_per_response=max(med["flops/step"] - gen, 0.0) / r,
+      trained_models=len(models), optimizer_steps=sum(m.optimizer_steps for m in models),
+      minibatch=plan.main.minibatch, generation_batch=gb if isinstance(gb, int) else 0)
+
+
+def load_run(path: str, skip: int = SKIP_STEPS) -> Run:
+  """A run directory's workload and median phase times (mesh.roles and mesh.sampler_devices
+  read with defaults, so runs from before the split layout read as colocated)."""
+  from rlscale import batch
+  config, summary = _read(path, "config.json"), _read(path, "summary.json")
+  if not config:
+    raise ValueError(f"{path}: no config.json")
+  med = medians(_read(path, "metrics.jsonl"), skip)
+  plan = batch.plan(config)
+  mesh, rollout = config.get("mesh", {}), config.get("rollout", {})
+  layout = mesh.get("roles", "colocated")
+  m = Measured(generate=med["time/generate"], train=med["train"], reward=med["time/reward"],
+               other=med["time/other"], sync=med["time/weight_sync"], step=med["step"],
+               chips=int(summary.get("devices") or _devices(mesh)), layout=layout,
+               sampler=int(mesh.get("sampler_devices") or 0) if layout == "split" else 0,
+               overlap=bool(rollout.get("overlap", False)))
+  return Run(path, workload(config, plan, med), m, summary, float(plan.batch))
+
+
+def _devices(mesh: dict) -> int:
+  n = math.prod(int(s) for s in mesh.get("shape", [1]))
+  if n <= 0:
+    raise ValueError("summary.json has no 'devices' and mesh.shape has a -1: pass the run's "
+                     "devices")
+  return n
