@@ -45,7 +45,11 @@ flags.DEFINE_integer("new_tokens", 64, "tokens per response (EOS never ends one)
 flags.DEFINE_integer("microbatch", 0, "rows per forward/backward pass; 0: the plan's auto")
 flags.DEFINE_string("dtype", "float32", "activation and parameter dtype")
 flags.DEFINE_integer("steps", 3, "timed steps (after two warm-up steps)")
-flags.DEFINE_list("mesh", ["-1", "1", "1"], "data,fsdp,tensor")
+flags.DEFINE_list("mesh", ["-1", "1", "1"], "data,fsdp,tensor (the trainer's, when split)")
+flags.DEFINE_enum("roles", "colocated", ["colocated", "split"], "mesh.roles")
+flags.DEFINE_integer("sampler_devices", 0, "split: devices that sample (mesh.sampler_devices)")
+flags.DEFINE_list("sampler_mesh", ["-1", "1", "1"], "split: the sampler's data,fsdp,tensor")
+flags.DEFINE_bool("overlap", False, "rollout.overlap: generate step N+1 while step N trains")
 flags.DEFINE_integer("matmul", 2048, "side of the reference matmul (0: skip it)")
 
 
@@ -100,6 +104,9 @@ def run_config(workdir: str):
                    num_heads=FLAGS.heads, num_kv_heads=FLAGS.kv_heads, head_dim=FLAGS.head_dim,
                    mlp_dim=FLAGS.mlp_dim, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype)
   cfg.mesh.shape = [int(s) for s in FLAGS.mesh]
+  cfg.mesh.roles, cfg.mesh.sampler_devices = FLAGS.roles, FLAGS.sampler_devices
+  cfg.mesh.sampler_shape = [int(s) for s in FLAGS.sampler_mesh]
+  cfg.rollout.overlap = FLAGS.overlap
   cfg.init.hf_checkpoint = os.path.join(workdir, "base")
   cfg.rollout.max_new_tokens = FLAGS.new_tokens
   cfg.rl.num_prompts, cfg.rl.group_size = FLAGS.prompts, FLAGS.group
@@ -126,13 +133,13 @@ def base_checkpoint(cfg, env, folder: str) -> None:
 
 def make_trainer(workdir: str):
   """The shipped trainer on the benchmark's config, task and random base, in workdir/run."""
-  from rlscale import experiment, rl_loop, sharding
+  from rlscale import experiment, rl_loop, roles, sharding
   from rlscale.config_validation import validate
   cfg = run_config(workdir)
-  mesh = sharding.make_mesh(cfg.mesh.shape)
+  meshes = roles.make_meshes(cfg.mesh)
   rules = sharding.rules_from_config(cfg.mesh.rules)
-  env = experiment.Setup(mesh, rules, bench_task(FLAGS.vocab, FLAGS.prompt_len),
-                         experiment.model_config(cfg))
+  env = experiment.Setup(meshes.trainer, rules, bench_task(FLAGS.vocab, FLAGS.prompt_len),
+                         experiment.model_config(cfg), meshes.sampler if meshes.split else None)
   base_checkpoint(cfg, env, cfg.init.hf_checkpoint)
   validate(cfg)
   return rl_loop.RLTrainer(cfg, os.path.join(workdir, "run"), None, env=env)
@@ -198,9 +205,12 @@ def main(argv):
          "step_s": step_s, "spread": {"step_s": step_spread},
          "responses_per_s": rows_n / step_s, "update_s": update_s,
          "update_tflops_per_s": step_flops["update"] / update_s / 1e12,
-         "steps": len(rows), "devices": jax.device_count(),
+         "steps": len(rows), "devices": jax.device_count(), "roles": FLAGS.roles,
+         "sampler_devices": FLAGS.sampler_devices if FLAGS.roles == "split" else None,
+         "overlap": FLAGS.overlap,
          "device_kind": jax.devices()[0].device_kind}
-  for k in ["time/generate", "time/reward", "time/logprobs", "time/other"] + update_keys:
+  for k in ["time/generate", "time/reward", "time/logprobs", "time/weight_sync",
+            "time/other"] + update_keys:
     if k in rows[0]:
       name = k.split("/")[1] + "_s"
       out[name], out["spread"][name] = med(rows, k)

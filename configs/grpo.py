@@ -70,6 +70,10 @@ def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
                                      {"optim.lr_scaling": ["sqrt", "none"]}, seeds, equal, evals),
       # Equal P x G: does only the product matter (Hunyuan: (128, 8) ~ (64, 16))?
       "group_vs_prompts": sw.product(pairs, {"optim.lr_scaling": ["sqrt"]}, seeds, equal, evals),
+      # Overlapped generation (one step off-policy) against on-policy: responses and time to
+      # target at each P (split it over devices with mesh.roles='split' to gain time).
+      "overlap": sw.product({"rollout.overlap": [False, True]}, {"p": prompts[:3]},
+                            sw.fixed(g=8), seeds, equal, evals),
       # Throughput against the generation batch; the learning is the same at every point.
       "generation_batch": sw.product(
           {"rollout.generation_batch": [4, 8, 16] if tiny else [32, 64, 128, 256, 512]},
