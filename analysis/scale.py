@@ -1,11 +1,17 @@
 """Predicted step time and time to target of a run's RL step against the number of chips.
 
     python analysis/scale.py RUN_DIR --chips 1,8,64,512,1024 --accelerator h200 \
-        [--layout colocated|split|both] [--overlap] [--prompts P --group G] \
-        [--bcrit B --smin S] [--run_accelerator cpu] [--out DIR]
+        [--model NAME|HF_FOLDER|config.json] [--dtype bfloat16] [--prompts P --group G] \
+        [--max_new_tokens T --prompt_len L --response_len R] \
+        [--layout colocated|split|both] [--overlap] [--bcrit B --smin S] \
+        [--run_accelerator cpu] [--out DIR]
 
-The model (rlscale/throughput_model.py) is calibrated (rlscale/throughput_calibration.py) on RUN_DIR's median step past compilation
-on the accelerator it ran on (--run_accelerator, default cpu), then applied to --accelerator.
+The model (rlscale/throughput_model.py) is calibrated (rlscale/throughput_calibration.py) on
+RUN_DIR's median step past compilation on the accelerator it ran on (--run_accelerator, default
+cpu), then applied to --accelerator. The efficiencies, decode latency and host costs (reward
+per response, other per step) come from the run; the FLOPs and bytes from --model (default the
+run's) at the sequence lengths given (default the run's), with the run's training passes per
+response (update epochs, extra forwards) and optimizer steps per RL step.
 Prints a table (chips, layout, generate/train/sync/fixed/step seconds, speedup and efficiency
 against the first chip count, time to target, what bounds the point), the calibration point's
 prediction against its measurement, and writes scale.csv, scale.png and scale.pdf under --out
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # rlscale
@@ -43,6 +50,16 @@ def parse(argv=None) -> argparse.Namespace:
   p.add_argument("--overlap", action="store_true", help="split: generation overlaps training")
   p.add_argument("--prompts", type=int, default=0, help="P (default: the run's)")
   p.add_argument("--group", type=int, default=0, help="G (default: the run's)")
+  p.add_argument("--model", default="", help="a named size (rlscale.models.NAMED) or a Hugging "
+                 "Face folder or config.json to predict for (default: the run's model)")
+  p.add_argument("--dtype", default="", help="the model's parameters and activations (default: "
+                 "bfloat16 for --model, else the run's)")
+  p.add_argument("--max_new_tokens", type=int, default=0, help="decode steps per call (default: "
+                 "the run's); responses run to it unless --response_len")
+  p.add_argument("--prompt_len", type=float, default=0, help="mean prompt tokens (default: the "
+                 "run's)")
+  p.add_argument("--response_len", type=float, default=0, help="mean response tokens (default: "
+                 "--max_new_tokens if given, else the run's)")
   p.add_argument("--bcrit", type=float, default=0.0, help="B_crit, responses per optimizer step")
   p.add_argument("--smin", type=float, default=0.0, help="S_min, optimizer steps")
   p.add_argument("--out", default="", help="folder for scale.csv/png/pdf (default RUN_DIR/scale)")
@@ -50,15 +67,30 @@ def parse(argv=None) -> argparse.Namespace:
 
 
 def calibrated(run: tc.Run, run_acc: str, target: str):
-  """(calibration on the run's accelerator, that accelerator, the target's calibration and
-  accelerator)."""
+  """(calibration on the run's accelerator, that accelerator, the target accelerator)."""
   cal, racc = tc.calibrate(run.workload, run.measured, accelerators.get(run_acc))
   tacc = accelerators.get(target)
   if tacc.peak_flops is None:  # the cpu row as the target: the run's calibrated host
     tacc = tacc.with_peak(racc.peak_flops) if tacc.name == racc.name else None
     if tacc is None:
       raise ValueError(f"accelerator {target!r} has no peak; calibrate it from a run on it")
-  return cal, racc, tc.transfer(cal, racc, tacc, run.workload), tacc
+  return cal, racc, tacc
+
+
+def target(a: argparse.Namespace, run: tc.Run) -> tuple[tm.Workload, str]:
+  """The workload to predict (the model, sequence lengths and P x G asked for) and its name."""
+  w, name = run.workload, "the run's model"
+  if a.model or a.dtype or a.max_new_tokens or a.prompt_len or a.response_len:
+    dtype = a.dtype or ("bfloat16" if a.model else run.model.param_dtype)
+    cfg = (tc.model_config(a.model, dtype) if a.model else
+           run.model.replace(dtype=dtype, param_dtype=dtype))
+    w = tc.for_model(w, cfg, a.prompt_len, a.max_new_tokens, a.response_len)
+    name = f"{_label(a.model) if a.model else name} ({dtype})"
+  if a.prompts or a.group:
+    p = a.prompts or run.summary.get("num_prompts") or run.workload.responses
+    g = a.group or run.summary.get("group_size") or 1
+    w = w.with_responses(p * g)
+  return w, name
 
 
 def table(run: tc.Run, w: tm.Workload, cal, acc, chips: list[int], layouts: list[str],
@@ -80,22 +112,50 @@ def table(run: tc.Run, w: tm.Workload, cal, acc, chips: list[int], layouts: list
   return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def _kinds(reason: str) -> dict[str, str]:
+  """The bounds a reason names, by kind ('decode latency-bound', 'gradient all-reduce over
+  inter-node links', ...); a bare 'train 75% of step' names none."""
+  parts = [q.strip() for q in reason.split(";")]
+  return {q.split(":")[0]: q for q in parts if ":" in q or "bound" in q}
+
+
+def marks(df: pd.DataFrame) -> pd.Series:
+  """What to write at each point: at a bend its reason, elsewhere a bound first named there."""
+  out = pd.Series("", index=df.index)
+  for _, g in df.groupby("layout", sort=False):
+    seen: set[str] = set()
+    for i, r in g.iterrows():
+      kinds = _kinds(r.reason)
+      new = [v for k, v in kinds.items() if k not in seen]
+      if r.bend or new:
+        out[i] = ("bends: " + r.reason) if r.bend else "; ".join(new)
+      seen |= set(kinds)
+  return out
+
+
 def figure(df: pd.DataFrame, out: str, title: str) -> list[str]:
-  fig, ax = plt.subplots(figsize=(7.5, 5))
+  fig, ax = plt.subplots(figsize=(8, 6))
   lo, hi = df.chips.min(), df.chips.max()
+  notes, lines = marks(df), []
   for k, (layout, g) in enumerate(df.groupby("layout", sort=False)):
-    ax.plot(g.chips, g.speedup, marker="o", ms=4, label=layout)
-    for _, r in g[g.bend].iterrows():  # colocated's reasons below the curve, split's above
-      ax.annotate(f"{layout}: {r.reason[:70]}", (r.chips, r.speedup), fontsize=6,
-                  xytext=(4, -12 if k == 0 else 10), textcoords="offset points")
+    (line,) = ax.plot(g.chips, g.speedup, marker="o", ms=4, label=layout)
+    for i, r in g[notes[g.index] != ""].iterrows():
+      lines.append(f"{len(lines) + 1}. {layout}, {r.chips} chips, {r.efficiency:.0%} efficient: "
+                   f"{notes[i]}")
+      ax.annotate(str(len(lines)), (r.chips, r.speedup), xytext=(-4, 7 if k == 0 else -13),
+                  textcoords="offset points", fontsize=7, color=line.get_color(),
+                  fontweight="bold")
   ax.plot([lo, hi], [1, hi / lo], color="black", ls="--", lw=1, label="ideal")
+  ax.text(0.99, 0.01, "\n".join(textwrap.fill(t, 72, subsequent_indent="    ") for t in lines),
+          transform=ax.transAxes, ha="right", va="bottom", fontsize=6.5, multialignment="left",
+          bbox=dict(facecolor="white", alpha=0.9, edgecolor="0.8"))
   ax.set(xscale="log", yscale="log", xlabel="chips",
-         ylabel=f"speedup of the RL step vs colocated on {lo} chip(s)",
-         title=title)
+         ylabel=f"speedup of the RL step vs colocated on {lo} chip(s)")
+  ax.set_title(title, fontsize=9)
   ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
+  ax.legend(fontsize=8, loc="upper left")
   fig.tight_layout()
-  data = df.assign(panel="speedup", series=df.layout, x=df.chips, y=df.speedup)
+  data = df.assign(panel="speedup", series=df.layout, x=df.chips, y=df.speedup, note=notes)
   return figures.save(fig, data, out, "scale")
 
 
@@ -106,29 +166,51 @@ def _fmt(df: pd.DataFrame) -> str:
                         formatters={"reason": lambda s: f"{s}"})
 
 
-def main(argv=None) -> int:
-  a = parse(argv)
-  run = tc.load_run(a.run_dir)
-  w = run.workload
-  if a.prompts or a.group:
-    p = a.prompts or run.summary.get("num_prompts") or w.responses
-    g = a.group or run.summary.get("group_size") or 1
-    w = w.with_responses(p * g)
-  cal, racc, tcal, tacc = calibrated(run, a.run_accelerator, a.accelerator)
+def _label(model: str) -> str:
+  """A named size as is; a Hugging Face folder or config.json by its folder's name."""
+  path = os.path.normpath(model)
+  return os.path.basename(os.path.dirname(path) if path.endswith("config.json") else path)
+
+
+def report_calibration(run: tc.Run, cal, racc) -> None:
   m = run.measured
   own = tm.predict(run.workload, racc, cal, m.chips, m.layout, m.sampler, m.overlap)
   err = own.step / m.step - 1
-  print(f"calibration on {run.path}: {m.chips} {racc.name} device(s), {m.layout}; measured "
-        f"step {m.step:.4g} s, predicted {own.step:.4g} s ({err:+.1%})")
+  where = f"{m.layout} {m.sampler}+{m.chips - m.sampler}" if m.layout == "split" else m.layout
+  print(f"calibration on {run.path}: {m.chips} {racc.name} device(s), {where}"
+        f"{' overlapped' if m.overlap else ''}; measured step {m.step:.4g} s (generate "
+        f"{m.generate:.3g}, train {m.train:.3g}, sync {m.sync:.3g}, reward+other "
+        f"{m.reward + m.other:.3g}), predicted {own.step:.4g} s ({err:+.1%})")
   if abs(err) > 0.25:
     print(f"warning: the prediction of the measured layout is off by {err:+.0%} (> 25%): the "
           f"phases' medians do not add up to the step's (time outside the logged phases)")
   print(f"  e_train {cal.e_train:.3g}, e_flops {cal.e_flops:.3g}, e_bw {cal.e_bw:.3g}, "
         f"t_lat {cal.t_lat:.3g} s/decode step, reward {cal.reward_per_response:.3g} s/response, "
-        f"other {cal.other:.3g} s")
+        f"other {cal.other:.3g} s/step, weight sync x{cal.sync_scale:.3g} of modelled")
+
+
+def report_target(w: tm.Workload, name: str, tcal, tacc) -> None:
+  print(f"predicting for model {name}: {w.params / 1e9:.4g}B parameters ({w.param_bytes} B "
+        f"each), {w.layers} layers; {w.responses} responses/step, prompt {w.prompt_len:.4g} + "
+        f"response {w.response_len:.4g} tokens, {w.decode_steps} decode steps; "
+        f"{tc.training_passes(w):.3g} training forward passes/response, "
+        f"{w.optimizer_steps} optimizer step(s)/RL step")
   print(f"on {tacc.name}: efficiencies from {tcal.source} (e_train {tcal.e_train:.3g}, e_flops "
-        f"{tcal.e_flops:.3g}, e_bw {tcal.e_bw:.3g}, t_lat {tcal.t_lat:.3g} s); host costs as "
-        f"measured")
+        f"{tcal.e_flops:.3g}, e_bw {tcal.e_bw:.3g}, t_lat {tcal.t_lat:.3g} s/decode step)")
+  print(f"host costs carried over from the run: reward scoring per response "
+        f"({tcal.reward_per_response:.3g} s x {w.responses} = "
+        f"{tcal.reward_per_response * w.responses:.3g} s), the rest of the host time per step "
+        f"({tcal.other:.3g} s); neither shrinks with chips")
+
+
+def main(argv=None) -> int:
+  a = parse(argv)
+  run = tc.load_run(a.run_dir)
+  w, name = target(a, run)
+  cal, racc, tacc = calibrated(run, a.run_accelerator, a.accelerator)
+  tcal = tc.transfer(cal, racc, tacc, w)
+  report_calibration(run, cal, racc)
+  report_target(w, name, tcal, tacc)
   batch = run.batch * w.responses / run.workload.responses
   steps, how = tm.steps_to_target(run.summary.get("responses_to_target"), w.responses, batch,
                                   w.optimizer_steps, a.bcrit, a.smin)
@@ -140,8 +222,9 @@ def main(argv=None) -> int:
   print(_fmt(df))
   out = a.out or os.path.join(a.run_dir, "scale")
   os.makedirs(out, exist_ok=True)
-  paths = figure(df, out, f"{tacc.name}: {w.responses} responses/step")
-  print("wrote " + ", ".join(paths))
+  title = (f"{name} on {tacc.name}: {w.responses} responses/step, "
+           f"{w.prompt_len:.4g}+{w.decode_steps} tokens")
+  print("wrote " + ", ".join(figure(df, out, title)))
   return 0
 
 

@@ -117,6 +117,7 @@ class Run:
   measured: Measured
   summary: dict[str, Any]
   batch: float  # responses per optimizer step (the actor's), for S = S_min (1 + B_crit / B)
+  model: Any = None  # the run's ModelConfig
 
 
 def _read(path: str, name: str):
@@ -129,28 +130,77 @@ def _read(path: str, name: str):
     return [json.loads(line) for line in f if line.strip().startswith("{")]
 
 
-def workload(config: dict, plan, med: dict[str, float]) -> Workload:
-  """The step's sizes from the config (model shape), the batch plan and the measured tokens."""
-  import ml_collections
-  from rlscale import experiment
-  cfg = experiment.model_config(ml_collections.ConfigDict(config))
+def shape(cfg) -> dict[str, Any]:
+  """The Workload fields a model's shape and dtypes decide (cfg: a ModelConfig)."""
+  act, pb = (2 if "16" in str(d) else 4 for d in (cfg.dtype, cfg.param_dtype))
+  return dict(matmul_params=flops.matmul_params(cfg), params=cfg.num_params(),
+              layers=cfg.num_layers, param_bytes=pb,
+              kv_bytes_per_token=2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * act,
+              attn_flops_per_key=4 * cfg.num_layers * cfg.num_heads * cfg.head_dim)
+
+
+def workload(cfg, config: dict, plan, med: dict[str, float]) -> Workload:
+  """The step's sizes from the model `cfg`, the config, the batch plan and the measured tokens."""
   r = plan.responses
   rlen = med["response_tokens"] / r
   plen = (med["train_tokens"] - med["response_tokens"]) / r
-  act = 2 if "16" in str(cfg.dtype) else 4
-  pb = 2 if "16" in str(cfg.param_dtype) else 4
   gen = flops.rollout_flops(cfg, [plen] * r, [rlen] * r)
   gb = config.get("rollout", {}).get("generation_batch", "auto")
   models = list(plan.models.values())
   return Workload(
       responses=r, prompt_len=plen, response_len=rlen,
-      decode_steps=int(config["rollout"]["max_new_tokens"]),
-      matmul_params=flops.matmul_params(cfg), params=cfg.num_params(), layers=cfg.num_layers,
-      param_bytes=pb, kv_bytes_per_token=2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * act,
-      attn_flops_per_key=4 * cfg.num_layers * cfg.num_heads * cfg.head_dim,
+      decode_steps=int(config["rollout"]["max_new_tokens"]), **shape(cfg),
       train_flops_per_response=max(med["flops/step"] - gen, 0.0) / r,
       trained_models=len(models), optimizer_steps=sum(m.optimizer_steps for m in models),
       minibatch=plan.main.minibatch, generation_batch=gb if isinstance(gb, int) else 0)
+
+
+def forward_flops(w: Workload) -> float:
+  """FLOPs of one forward pass over one response (prompt and response, causal attention)."""
+  n = w.prompt_len + w.response_len
+  return 2.0 * w.matmul_params * n + w.attn_flops_per_key * n * (n + 1) / 2
+
+
+def training_passes(w: Workload) -> float:
+  """The step's training FLOPs per response in forward passes over it: 3 per epoch of each
+  trained model's update, 1 per extra forward (reference, recomputed log-probs)."""
+  return w.train_flops_per_response / forward_flops(w)
+
+
+def for_model(w: Workload, cfg, prompt_len: float = 0.0, max_new_tokens: int = 0,
+              response_len: float = 0.0) -> Workload:
+  """The run's step on the model `cfg` and, where given, other sequence lengths: the same
+  responses, optimizer steps, generation batch and training passes per response. A new
+  max_new_tokens without response_len: every response runs to it (an upper bound)."""
+  steps = max_new_tokens or w.decode_steps
+  rlen = response_len or (float(max_new_tokens) if max_new_tokens else w.response_len)
+  if rlen > steps:
+    raise ValueError(f"response_len={rlen:g} exceeds max_new_tokens={steps}")
+  new = dataclasses.replace(w, prompt_len=float(prompt_len or w.prompt_len), response_len=rlen,
+                            decode_steps=steps, **shape(cfg))
+  return dataclasses.replace(new, train_flops_per_response=training_passes(w) *
+                             forward_flops(new))
+
+
+def model_config(spec: str, dtype: str = "bfloat16"):
+  """A named size of rlscale.models.NAMED, or a Hugging Face folder or its config.json, with
+  activations and parameters in `dtype`."""
+  from rlscale import models
+  kw = dict(dtype=dtype, param_dtype=dtype)
+  if spec in models.NAMED:
+    return models.named(spec, **kw)
+  folder = os.path.dirname(spec) if os.path.basename(spec) == "config.json" else spec
+  if not os.path.isdir(folder or "."):
+    raise ValueError(f"model {spec!r} is neither a named size ({', '.join(sorted(models.NAMED))})"
+                     f" nor a Hugging Face folder or config.json")
+  from rlscale.checkpoints.hf import config_from_folder
+  return config_from_folder(folder or ".", **kw)
+
+
+def _model(config: dict):
+  import ml_collections
+  from rlscale import experiment
+  return experiment.model_config(ml_collections.ConfigDict(config))
 
 
 def load_run(path: str, skip: int = SKIP_STEPS) -> Run:
@@ -169,7 +219,8 @@ def load_run(path: str, skip: int = SKIP_STEPS) -> Run:
                chips=int(summary.get("devices") or _devices(mesh)), layout=layout,
                sampler=int(mesh.get("sampler_devices") or 0) if layout == "split" else 0,
                overlap=bool(rollout.get("overlap", False)))
-  return Run(path, workload(config, plan, med), m, summary, float(plan.batch))
+  cfg = _model(config)
+  return Run(path, workload(cfg, config, plan, med), m, summary, float(plan.batch), cfg)
 
 
 def _devices(mesh: dict) -> int:

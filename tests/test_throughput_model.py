@@ -202,6 +202,60 @@ def test_scale_cli_writes_table_csv_and_figure(tmp_path, capsys):
     scale_cli().main([run, "--accelerator", "b200", "--out", str(out)])
 
 
+def test_for_model_keeps_the_runs_passes_with_the_models_shape(tmp_path):
+  run = tc.load_run(synthetic_run(str(tmp_path / "run")))
+  cfg = tc.model_config("qwen3-0.6b")
+  w = tc.for_model(run.workload, cfg, prompt_len=100, max_new_tokens=200)
+  assert (w.prompt_len, w.response_len, w.decode_steps) == (100, 200, 200)
+  assert (w.params, w.layers, w.param_bytes) == (cfg.num_params(), 28, 2)
+  assert w.kv_bytes_per_token == 2 * 28 * 8 * 128 * 2
+  assert tc.training_passes(w) == pytest.approx(tc.training_passes(run.workload))
+  assert (w.responses, w.optimizer_steps) == (16, run.workload.optimizer_steps)
+  same = tc.for_model(run.workload, run.model)  # the run's model, its lengths: its workload
+  assert same == run.workload
+  short = tc.for_model(run.workload, cfg, max_new_tokens=200, response_len=50)
+  assert short.response_len == 50 and short.train_flops_per_response < w.train_flops_per_response
+  with pytest.raises(ValueError, match="response_len=300 exceeds max_new_tokens=200"):
+    tc.for_model(run.workload, cfg, max_new_tokens=200, response_len=300)
+
+
+def hf_folder(path):
+  os.makedirs(path)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump({"model_type": "qwen2", "hidden_size": 256, "intermediate_size": 512,
+               "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "head_dim": 64, "vocab_size": 1000, "rope_theta": 1e6}, f)
+  return path
+
+
+def test_model_config_reads_a_named_size_or_a_hugging_face_folder(tmp_path):
+  folder = hf_folder(str(tmp_path / "hf"))
+  a, b = tc.model_config(folder), tc.model_config(os.path.join(folder, "config.json"), "float32")
+  assert (a.family, a.num_layers, a.num_kv_heads, a.param_dtype) == ("qwen2", 3, 2, "bfloat16")
+  assert a.num_params() == b.num_params() and b.param_dtype == "float32"
+  assert tc.model_config("qwen3-1.7b").num_layers == 28
+  with pytest.raises(ValueError, match="model 'nope' is neither a named size .*qwen3-0.6b"):
+    tc.model_config("nope")
+
+
+def test_scale_cli_predicts_for_a_given_model_and_lengths(tmp_path, capsys):
+  run = synthetic_run(str(tmp_path / "run"))
+  folder = hf_folder(str(tmp_path / "my-model"))
+  base = ["--chips", "1,8", "--layout", "colocated", "--prompts", "8", "--group", "4"]
+  assert scale_cli().main([run, *base, "--out", str(tmp_path / "own")]) == 0
+  assert scale_cli().main([run, *base, "--model", folder, "--max_new_tokens", "64",
+                           "--prompt_len", "32", "--out", str(tmp_path / "hf")]) == 0
+  text = capsys.readouterr().out
+  assert "predicted 0.73" in text and "(+0.0%)" in text  # the calibration is the run's
+  assert "predicting for model my-model (bfloat16)" in text
+  assert "predicting for model the run's model: " in text
+  assert "32 responses/step, prompt 32 + response 64 tokens, 64 decode steps" in text
+  import pandas as pd
+  own, hf = (pd.read_csv(tmp_path / d / "scale.csv") for d in ("own", "hf"))
+  assert (hf.step > own.step).all() and list(hf.chips) == [1, 8]
+  assert tc.load_run(run).workload.responses == 16
+
+
 @pytest.mark.slow
 def test_scale_cli_refuses_a_mistake_in_one_line(tmp_path):
   run = synthetic_run(str(tmp_path / "run"))
