@@ -7,9 +7,12 @@ verl's and OpenRLHF's disaggregated placements do. Every process keeps devices i
 (its last `sampler_devices / processes` local devices sample), so a process's rows never leave
 it on their way from the sampler to the trainer.
 
-After each update the policy's weights move to the sampler by `jax.device_put` onto the
-sampler mesh's shardings: XLA copies each shard from the trainer's devices to the sampler's,
-device to device, never through one host. `WeightSync` does that and times it.
+After each update the policy's weights move to the sampler's mesh shard by shard, device to
+device, never through one host: one process by `jax.device_put` onto the sampler's
+shardings; several processes (where JAX reshards only within one set of devices) by each
+process copying its sampler devices' shards from its own trainer devices, after an
+all-gather among the trainer's devices for a shard that no local trainer device holds whole
+(`put`). `WeightSync` does that and times it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rlscale import sharding
 
@@ -121,11 +124,44 @@ class WeightSync:
       self._shardings = sharding.state_shardings(params, self.meshes.sampler, self.rules)
     jax.block_until_ready(params)  # the update first: the sync's own time is the copy
     t = time.time()
-    out = jax.block_until_ready(jax.device_put(params, self._shardings))
+    out = jax.block_until_ready(jax.tree.map(put, params, self._shardings))
     self.seconds = time.time() - t
     return out
 
 
 def to_mesh(arrays: Sequence[jax.Array], mesh: Mesh, rules: sharding.Rules) -> list[jax.Array]:
   """Batch-sharded arrays (a rollout's rows) resharded onto `mesh`'s batch axes."""
-  return [jax.device_put(a, sharding.batch_sharding(mesh, a.ndim, rules)) for a in arrays]
+  return [put(a, sharding.batch_sharding(mesh, a.ndim, rules)) for a in arrays]
+
+
+def put(x: jax.Array, target: NamedSharding) -> jax.Array:
+  """`x` resharded onto `target`, whose devices may be others than x's."""
+  if jax.process_count() == 1 or x.sharding.device_set == target.device_set:
+    return jax.device_put(x, target)
+  return put_by_process(x, target)
+
+
+def put_by_process(x: jax.Array, target: NamedSharding) -> jax.Array:
+  """`put` as each process does it on several: its target shards from its own shards."""
+  wanted = target.addressable_devices_indices_map(x.shape)
+  if not all(_holder(x, idx) for idx in wanted.values()):
+    x = jax.device_put(x, NamedSharding(x.sharding.mesh, P()))  # all-gather among x's devices
+  pieces = []
+  for device, idx in wanted.items():
+    shard, rel = _holder(x, idx)
+    pieces.append(jax.device_put(shard.data[rel], device))
+  return jax.make_array_from_single_device_arrays(x.shape, target, pieces)
+
+
+def _bounds(idx, shape) -> list[tuple[int, int]]:
+  return [s.indices(n)[:2] for s, n in zip(idx, shape)]
+
+
+def _holder(x: jax.Array, idx):
+  """(a local shard of x that holds the region `idx` whole, the region within it) or None."""
+  want = _bounds(idx, x.shape)
+  for shard in x.addressable_shards:
+    have = _bounds(shard.index, x.shape)
+    if all(h0 <= w0 and w1 <= h1 for (w0, w1), (h0, h1) in zip(want, have)):
+      return shard, tuple(slice(w0 - h0, w1 - h0) for (w0, w1), (h0, _) in zip(want, have))
+  return None

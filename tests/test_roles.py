@@ -14,6 +14,7 @@ from rlscale import models, roles, sharding
 from rlscale.batch import ConfigError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 
 
 def _mesh_cfg(**kw):
@@ -166,3 +167,34 @@ def test_overlapped_generation_trains_one_step_off_policy(tmp_path, grpo_single_
       lagged[2]["actor/grad_norm"], one[2]["actor/grad_norm"], rtol=1e-3)
   assert "throughput/gen_tokens_per_s" not in lagged[2]  # its generate phase is a wait
   assert all(np.isfinite(v) for r in lagged for v in r.values() if isinstance(v, float))
+
+
+@pytest.mark.slow
+def test_split_over_two_processes_matches_one_colocated_process(tmp_path,
+                                                                grpo_single_process_run):
+  """Each process samples on 2 of its 4 devices and trains on the other 2: the weights and
+  the responses cross meshes device to device, each process's rows staying its own."""
+  from test_distributed import _run_two_processes, check_like_one
+  one = grpo_single_process_run
+  two_dir = str(tmp_path / "two")
+  _run_two_processes(["grpo.py", one.cache_dir, two_dir, "split"], tmp_path)
+  check_like_one("grpo split", one.run_dir, two_dir, one.summary)
+  assert all(r["time/weight_sync"] >= 0 for r in _rows(two_dir)[1:])
+
+
+@pytest.mark.parametrize("src_shape,src_spec,dst_shape,dst_spec", [
+    ((4, 1, 1), ("data", None), (1, 1, 4), (None, "tensor")),  # no source shard holds one whole
+    ((2, 1, 2), (None, "tensor"), (4, 1, 1), (None, None)),
+    ((1, 1, 4), ("tensor", None), (2, 1, 2), ("tensor", None)),  # each held whole: no gather
+])
+def test_put_by_process_reshards_across_device_sets(src_shape, src_spec, dst_shape, dst_spec):
+  """The path several processes take, run here in one: every target shard right."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  devs = jax.devices()
+  src = NamedSharding(sharding.make_mesh(src_shape, devs[:4]), P(*src_spec))
+  dst = NamedSharding(sharding.make_mesh(dst_shape, devs[4:]), P(*dst_spec))
+  x = np.arange(8 * 12, dtype=np.float32).reshape(8, 12)
+  out = roles.put_by_process(jax.device_put(x, src), dst)
+  assert out.sharding == dst
+  for shard in out.addressable_shards:
+    np.testing.assert_array_equal(np.asarray(shard.data), x[shard.index])

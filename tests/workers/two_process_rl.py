@@ -1,6 +1,7 @@
 """One of two processes of one RL run on a mesh that spans both; run by test_distributed.py.
 
-Usage: python two_process_rl.py CONFIG CACHE_DIR WORKDIR  (CONFIG: grpo.py or ppo.py; with
+Usage: python two_process_rl.py CONFIG CACHE_DIR WORKDIR [ROLES]  (CONFIG: grpo.py or ppo.py;
+ROLES: colocated, or split: each process samples on 2 of its 4 devices; with
 JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID set and 4 CPU devices per process).
 The test runs `config(...)` in its own process too, on 8 devices, and compares metrics.jsonl.
 """
@@ -17,7 +18,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SFT_ARGS = "optim.warmup_responses=0,train.num_steps=60,train.eval_every=0,train.checkpoint_every=0"
 
 
-def config(name: str, cache_dir: str):
+def config(name: str, cache_dir: str, roles: str = "colocated"):
   """The tiny config cut to 2 RL steps (evaluated and saved at step 2), without TensorBoard.
 
   The tiny SFT base (6 steps, all inside its 20-step warmup) earns no reward, so GRPO's
@@ -34,6 +35,8 @@ def config(name: str, cache_dir: str):
     cfg.mesh.shape = (-1, 1, 1)
     cfg.train.num_steps, cfg.train.eval_every, cfg.train.checkpoint_every = 2, 2, 2
     cfg.train.tensorboard = False
+    if roles == "split":
+      cfg.mesh.roles, cfg.mesh.sampler_devices = "split", 4
   return cfg
 
 
@@ -42,4 +45,4 @@ if __name__ == "__main__":
   distributed.initialize()
   assert jax.process_count() == 2 and jax.device_count() == 8, (jax.process_count(),
                                                                 jax.device_count())
-  train.main(config(sys.argv[1], sys.argv[2]), sys.argv[3])
+  train.main(config(*sys.argv[1:3], *sys.argv[4:5]), sys.argv[3])
