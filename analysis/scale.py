@@ -190,7 +190,8 @@ def report_calibration(run: tc.Run, cal, racc) -> None:
 
 
 def report_target(w: tm.Workload, name: str, tcal, tacc) -> None:
-  print(f"predicting for model {name}: {w.params / 1e9:.4g}B parameters ({w.param_bytes} B "
+  n = f"{w.params / 1e9:.4g}B" if w.params >= 1e9 else f"{w.params / 1e6:.4g}M"
+  print(f"predicting for model {name}: {n} parameters ({w.param_bytes} B "
         f"each), {w.layers} layers; {w.responses} responses/step, prompt {w.prompt_len:.4g} + "
         f"response {w.response_len:.4g} tokens, {w.decode_steps} decode steps; "
         f"{tc.training_passes(w):.3g} training forward passes/response, "

@@ -150,16 +150,20 @@ def test_steps_to_target():
   assert tm.steps_to_target(None, 512, 512, 1)[0] is None
 
 
-def synthetic_run(path, devices=1):
-  """A run directory as the trainer writes it, with made-up phase times."""
+def synthetic_run(path, devices=1, sampler=0):
+  """A run directory as the trainer writes it, with made-up phase times (split: `sampler` of
+  the devices sample, with a 0.05 s weight sync)."""
   cfg = config_files.load("configs/grpo.py:tiny")
+  if sampler:
+    cfg.mesh.roles, cfg.mesh.sampler_devices = "split", sampler
   os.makedirs(path)
   with open(os.path.join(path, "config.json"), "w") as f:
     f.write(cfg.to_json())
   rows = [{"step": 0, "time/eval": 1.0}]
   for s in range(1, 7):
     rows.append({"step": s, "time/generate": 0.2, "time/reward": 0.01, "time/actor_update": 0.5,
-                 "time/other": 0.02, "time/step": 0.73 + (s == 6) * 0.3,
+                 "time/other": 0.02, "time/step": 0.73 + (s == 6) * 0.3 + bool(sampler) * 0.05,
+                 **({"time/weight_sync": 0.05} if sampler else {}),
                  "time/eval": (s == 6) * 0.3, "flops/step": 2e8, "response_tokens": 40,
                  "train_tokens": 100, "responses_seen": 16 * s})
   with open(os.path.join(path, "metrics.jsonl"), "w") as f:
@@ -176,6 +180,17 @@ def test_load_run_reads_medians_past_compilation(tmp_path):
   assert (m.generate, m.train, m.reward + m.other, m.step) == pytest.approx(
       (0.2, 0.5, 0.03, 0.73))
   assert (m.layout, m.chips, run.workload.responses) == ("colocated", 1, 16)
+
+
+def test_a_split_run_calibrates_its_weight_sync(tmp_path, capsys):
+  run = synthetic_run(str(tmp_path / "run"), devices=4, sampler=2)
+  m = tc.load_run(run).measured
+  assert (m.layout, m.chips, m.sampler, m.sync, m.step) == pytest.approx(
+      ("split", 4, 2, 0.05, 0.78))
+  assert scale_cli().main([run, "--chips", "2,4", "--accelerator", "cpu",
+                           "--out", str(tmp_path / "out")]) == 0
+  text = capsys.readouterr().out
+  assert "4 cpu device(s), split 2+2; measured step 0.78 s" in text and "(+0.0%)" in text
 
 
 def scale_cli():
