@@ -7,6 +7,12 @@ The model is the shape of configs/grpo.py (random weights), prompts are as long 
 EOS is disabled so every row runs the full budget. One call decodes `generation_batch` rows;
 tokens/s grows with the batch until the chip saturates: the critical generation batch is the
 smallest batch within 10% of the plateau (DESIGN.md). Times are medians over --repeats calls.
+
+The summary line sets it beside what `rollout.generation_batch=auto` would choose for the
+config's step (P x G responses, G copies of a prompt prefilled once) on this device: the
+largest call whose compiled decode fits the device memory (rlscale/sampling/memory_fit.py),
+with the bound that decided it, its bytes per device and the budget; and beside the batch
+plan's heuristic (rlscale/batch.py).
 """
 
 from __future__ import annotations
@@ -70,7 +76,31 @@ def main(argv):
   plateau = max(r["gen_tokens_per_s"] for r in results)
   critical = min(r["generation_batch"] for r in results if r["gen_tokens_per_s"] >= 0.9 * plateau)
   print(json.dumps(dict(benchmark="generation_scaling_summary", plateau_tokens_per_s=plateau,
-                        critical_generation_batch=critical, tolerance=0.1)), flush=True)
+                        critical_generation_batch=critical, tolerance=0.1,
+                        **_auto_fields(cfg, env, sampler, state, plen, critical))), flush=True)
+
+
+def _auto_fields(cfg, env, sampler, state, plen: int, critical: int) -> dict:
+  """What `rollout.generation_batch=auto` chooses for the config's step on this device (the
+  memory fit), beside the measured critical generation batch and the plan's heuristic."""
+  import jax
+
+  from rlscale import batch, sharding
+  from rlscale.sampling import memory_fit
+
+  responses = cfg.rl.num_prompts * cfg.rl.group_size
+  unit = sharding.batch_divisor(env.mesh, env.rules) * jax.process_count()
+  fit = memory_fit.fit_generation_batch(sampler, state, plen, responses, unit, cfg.rl.group_size)
+  heuristic = (batch.plan_for(cfg, env).generation_batch
+               if cfg.rollout.generation_batch == "auto" else None)
+  return dict(responses_per_step=responses, auto_generation_batch=fit.generation_batch,
+              auto_bound=fit.bound, auto_at_least_critical=fit.generation_batch >= critical,
+              auto_bytes_per_device=fit.bytes_per_device, auto_next_batch=fit.next_batch,
+              auto_next_bytes_per_device=fit.next_bytes_per_device,
+              auto_budget_bytes=fit.budget_bytes, auto_budget_source=fit.budget_source,
+              auto_compilations=fit.compilations, auto_compile_s=round(fit.compile_s, 2),
+              auto_bytes_by_batch=fit.describe()["measured"],
+              heuristic_generation_batch=heuristic)
 
 
 if __name__ == "__main__":
