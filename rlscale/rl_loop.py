@@ -77,6 +77,7 @@ class RLTrainer:
         max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_k=ro.top_k,
         top_p=ro.top_p, eos_ids=tok.eos_ids, pad_id=tok.pad_id, decode_chunk=ro.decode_chunk),
         self.meshes.sampler, env.rules)
+    self.generation_fit = self._fit_generation_batch(cfg.rollout.generation_batch)
     self.evaluator = Evaluator(env.task, self.graphdef, self.meshes.sampler, env.rules,
                                max_new_tokens=ro.max_new_tokens,
                                generation_batch=cfg.eval.generation_batch,
@@ -85,6 +86,20 @@ class RLTrainer:
     self.peak = flops.peak(cfg.train.peak_flops, jax.devices()[0].device_kind)
     self.rows = distributed.process_rows(self.plan.num_prompts)
     self.key = jax.random.key(cfg.seed)
+
+  def _fit_generation_batch(self, value) -> dict[str, Any] | None:
+    """generation_batch='auto': the largest decode call whose compiled memory fits the
+    sampler's devices (rlscale/sampling/memory_fit.py), recorded in summary.json."""
+    if value != batch.AUTO:
+      return None
+    from rlscale.sampling import memory_fit
+    unit = sharding.batch_divisor(self.meshes.sampler, self.env.rules) * jax.process_count()
+    fit = memory_fit.fit_generation_batch(self.sampler, self.sampler_params,
+                                          self.env.task.max_prompt_len, self.plan.responses,
+                                          unit, self.plan.group_size)
+    self.plan = dataclasses.replace(self.plan, generation_batch=fit.generation_batch)
+    logging.info("generation batch: %s", fit.summary_line())
+    return fit.describe()
 
   # --- checkpointed state ---
 
@@ -209,6 +224,8 @@ class RLTrainer:
                    os.path.join(self.workdir, "policy"), bos_id=getattr(tok, "bos_id", None),
                    eos_ids=tok.eos_ids, pad_id=tok.pad_id)
     out = summary.summarize(self.cfg, self.workdir, counters, last_eval, self.plan)
+    if self.generation_fit:
+      out["generation_batch_fit"] = self.generation_fit
     out["compilations"] = summary.compilations(self.workdir, {
         **{n: m.update.traces for n, m in self.algo.models.items()},
         "sampler": self.sampler.traces})

@@ -198,3 +198,16 @@ def test_put_by_process_reshards_across_device_sets(src_shape, src_spec, dst_sha
   assert out.sharding == dst
   for shard in out.addressable_shards:
     np.testing.assert_array_equal(np.asarray(shard.data), x[shard.index])
+
+
+@pytest.mark.slow
+def test_auto_generation_batch_is_fitted_on_the_samplers_devices_and_recorded(
+    tmp_path, grpo_single_process_run):
+  from rlscale import train
+  cfg = _variant(grpo_single_process_run.cache_dir, **{
+      "rollout.generation_batch": "auto", "mesh.roles": "split", "mesh.sampler_devices": 4})
+  summary = train.main(cfg, str(tmp_path / "auto"))
+  fit = summary["generation_batch_fit"]
+  assert fit["generation_batch"] == summary["batch"]["generation_batch"]
+  assert fit["generation_batch"] % 4 == 0 and fit["bound"] in ("memory", "row cap", "whole step")
+  assert fit["bytes_per_device"] <= fit["budget_bytes"]

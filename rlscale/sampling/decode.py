@@ -79,23 +79,32 @@ class Sampler:
     mask_BxP = sharding.put_batch(mask_BxP, self.mesh, self.rules)
     row_ids = sharding.put_batch(np.asarray(row_ids, np.int32), self.mesh, self.rules)
     shape = tuple(tokens_BxP.shape)  # global
-    if (shape, group_size) not in self._calls:  # once per shape: the call and the cache's maker
+    call, new_cache = self.call_for(state, shape, group_size)
+    if shape not in self._caches:
+      self._caches[shape] = new_cache()
+    rollout, self._caches[shape] = call(state, self._caches.pop(shape), tokens_BxP, mask_BxP,
+                                        key, row_ids)
+    return rollout
+
+  def call_for(self, state: nnx.State, shape: tuple[int, int], group_size: int = 1):
+    """The jitted call for `shape` (global rows, prompt tokens) and its cache's maker, made
+    once per (shape, group_size); `state` (arrays or ShapeDtypeStructs) gives the model's
+    config. memory_fit lowers the call abstractly to size it; a later call of that shape
+    reuses what it compiled."""
+    if (shape, group_size) not in self._calls:
       cfg = nnx.merge(self.graphdef, state).cfg
       logging.info("sampler: compiling for %d rows x %d prompt tokens%s", *shape,
                    f", each run of {group_size} copies of a prompt prefilled once"
                    if group_size > 1 else "")
       cache_shardings = self._cache_shardings(_cache_shapes(cfg, self.params, *shape))
       run = functools.partial(self._run, group=group_size)
+      # keep_unused: _decode reads only the cache's shapes, and jit drops an argument it never
+      # reads, donation included; kept, XLA writes the new cache into the donated one.
       self._calls[shape, group_size] = (
-          jax.jit(run, donate_argnums=1,
+          jax.jit(run, donate_argnums=1, keep_unused=True,
                   out_shardings=(self._rollout_shardings, cache_shardings)),
           jax.jit(lambda: _empty_cache(cfg, self.params, *shape), out_shardings=cache_shardings))
-    call, new_cache = self._calls[shape, group_size]
-    if shape not in self._caches:
-      self._caches[shape] = new_cache()
-    rollout, self._caches[shape] = call(state, self._caches.pop(shape), tokens_BxP, mask_BxP,
-                                        key, row_ids)
-    return rollout
+    return self._calls[shape, group_size]
 
   def release(self) -> None:
     """Free the KV caches; the next call allocates them again (it does not recompile)."""

@@ -32,7 +32,6 @@ compiling again (jit's cache matches the abstract arguments with the real ones).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 import time
@@ -217,7 +216,7 @@ def call_bytes(sampler: Sampler, params_state, prompt_len: int, batch: int,
   shape = (batch, prompt_len)
   cache_shapes = decode._cache_shapes(cfg, sampler.params, *shape)
   cache_shardings = sampler._cache_shardings(cache_shapes)
-  call, _ = _call_for(sampler, cfg, shape, group, cache_shardings)
+  call, _ = sampler.call_for(state, shape, group)
   b1, b2 = (sharding.batch_sharding(sampler.mesh, n, sampler.rules) for n in (1, 2))
   cache = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                        cache_shapes, cache_shardings)
@@ -270,19 +269,6 @@ class _Measure:
     key = ((batch, self.prompt_len), self.group(batch))
     made = key in self.sampler._calls and key not in self.known
     self.sampler.traces = self.traces_before + int(made)
-
-
-def _call_for(sampler: Sampler, cfg, shape: tuple[int, int], group: int, cache_shardings):
-  """The Sampler's jitted call for `shape` and `group`, made as Sampler.__call__ makes it and
-  left in its cache (see the module's docstring; a Sampler.call_for would replace this)."""
-  if (shape, group) not in sampler._calls:
-    run = functools.partial(sampler._run, group=group)
-    sampler._calls[shape, group] = (
-        jax.jit(run, donate_argnums=1,
-                out_shardings=(sampler._rollout_shardings, cache_shardings)),
-        jax.jit(lambda: decode._empty_cache(cfg, sampler.params, *shape),
-                out_shardings=cache_shardings))
-  return sampler._calls[shape, group]
 
 
 def _result(allowed, chosen, candidates, measure: _Measure, budget, source) -> FitResult:
