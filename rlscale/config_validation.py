@@ -105,7 +105,9 @@ def _mesh(errors: list[str], cfg) -> tuple[int, int]:
     return 1, 1
   n, split = jax.device_count(), m.get("roles", "colocated") == "split"
   trainer = batch.batch_shards(m.shape, rules, n - m.sampler_devices if split else n)
-  return trainer, batch.batch_shards(m.sampler_shape, rules, m.sampler_devices) if split else trainer
+  if not split:
+    return trainer, trainer
+  return trainer, batch.batch_shards(m.sampler_shape, rules, m.sampler_devices)
 
 
 def _model(errors: list[str], cfg):

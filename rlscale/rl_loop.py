@@ -5,9 +5,10 @@ rlscale/roles.py: the weights move to the sampler's mesh after each update, time
 `time/weight_sync`). The loop (rlscale/loop.py) dispatches step N+1's decode before it
 fetches step N's metrics; with rollout.overlap, step N+1's decode is dispatched before step
 N's update, with the weights that sampled step N (one update behind: `rollout/policy_lag`).
-This file says what one step is, for every algorithm behind rlscale/rl/algorithm.py. Every step records the sample
-axis (responses and tokens seen), rewards, what the algorithm's models report (gradient
-norms, noise scale, effective hyperparameters), per-phase seconds, throughput and MFU.
+This file says what one step is, for every algorithm behind rlscale/rl/algorithm.py. Every
+step records the sample axis (responses and tokens seen), rewards, what the algorithm's models
+report (gradient norms, noise scale, effective hyperparameters), per-phase seconds, throughput
+and MFU.
 """
 
 from __future__ import annotations
