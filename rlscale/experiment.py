@@ -69,6 +69,10 @@ def config_hash(cfg: ml_collections.ConfigDict, drop: tuple[str, ...] = ()) -> s
 
 # Fields a resumed run may change without asking: they change no number the run computes.
 FREE_TO_CHANGE = ("train.log_every", "train.tensorboard", "train.async_checkpoint")
+# Fields added after runs were made, with the value that does what those runs did: a run whose
+# config.json lacks one resumes with that value without asking.
+ADDED = {"mesh.roles": "colocated", "mesh.sampler_devices": 0, "mesh.sampler_shape": [-1, 1, 1],
+         "rollout.overlap": False}
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -100,6 +104,9 @@ def check_resume(workdir: str, cfg: ml_collections.ConfigDict,
   with open(path) as f:
     old = _flat(json.load(f))
   new = _flat(json.loads(cfg.to_json_best_effort()))
+  for k, v in ADDED.items():
+    if k not in old and k in new:
+      old[k] = v
   changed = [f"{k}: {old.get(k, '(absent)')!r} -> {new.get(k, '(absent)')!r}"
              for k in sorted(set(old) | set(new))
              if old.get(k) != new.get(k) and k not in FREE_TO_CHANGE + tuple(allow)]

@@ -103,3 +103,25 @@ def test_resuming_with_another_config_is_refused_naming_the_fields(tmp_path):
   with open(tmp_path / "config_history.jsonl") as f:
     history = [json.loads(line)["config"]["optim"]["lr"] for line in f]
   assert history == [1e-4, 1e12]
+
+
+def test_a_run_from_before_an_added_field_resumes_with_its_old_behaviour(tmp_path):
+  """config.json of a run made before mesh.roles existed: the default (what the run did)
+  resumes without asking; another value is a change named as such."""
+  import json
+  from rlscale import experiment
+  from rlscale.batch import ConfigError
+  cfg = config_files.load(os.path.join(REPO, "configs", "grpo.py:tiny"))
+  experiment.prepare_workdir(str(tmp_path), cfg)
+  with open(tmp_path / "config.json") as f:
+    old = json.load(f)
+  for section, field in (("mesh", "roles"), ("mesh", "sampler_devices"),
+                         ("mesh", "sampler_shape"), ("rollout", "overlap")):
+    del old[section][field]
+  with open(tmp_path / "config.json", "w") as f:
+    json.dump(old, f)
+  os.makedirs(tmp_path / "checkpoints" / "2")
+  experiment.check_resume(str(tmp_path), cfg)
+  cfg.rollout.overlap = True
+  with pytest.raises(ConfigError, match=r"rollout.overlap: False -> True"):
+    experiment.check_resume(str(tmp_path), cfg)
