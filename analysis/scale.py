@@ -1,6 +1,6 @@
 """Predicted step time and time to target of a run's RL step against the number of chips.
 
-    python analysis/scale.py RUN_DIR --chips 1,8,64,512,1024 --accelerator h200 \
+    python analysis/scale.py RUN_DIR [RUN_DIR ...] --chips 1,8,64,512,1024 --accelerator h200 \
         [--model NAME|HF_FOLDER|config.json] [--dtype bfloat16] [--prompts P --group G] \
         [--max_new_tokens T --prompt_len L --response_len R] \
         [--layout colocated|split|both] [--overlap] [--bcrit B --smin S] \
@@ -8,10 +8,14 @@
 
 The model (rlscale/throughput_model.py) is calibrated (rlscale/throughput_calibration.py) on
 RUN_DIR's median step past compilation on the accelerator it ran on (--run_accelerator, default
-cpu), then applied to --accelerator. The efficiencies, decode latency and host costs (reward
-per response, other per step) come from the run; the FLOPs and bytes from --model (default the
-run's) at the sequence lengths given (default the run's), with the run's training passes per
-response (update epochs, extra forwards) and optimizer steps per RL step.
+cpu), then applied to --accelerator. Several RUN_DIRs of one config at different device
+counts on the shared host (cpu) add its per-device cost, a + b·N seconds per phase fitted to
+them (exact with two): the host's, kept for a cpu target and dropped for a GPU/TPU one; the
+first RUN_DIR gives the workload, steps to target and the default --out. The efficiencies,
+decode latency and host costs (reward per response, other per step) come from the run (with
+several: the one with the fewest devices); the FLOPs and bytes from --model (default the run's)
+at the sequence lengths given (default the run's), with the run's training passes per response
+(update epochs, extra forwards) and optimizer steps per RL step.
 Prints a table (chips, layout, generate/train/sync/fixed/step seconds, speedup and efficiency
 against the first chip count, time to target, what bounds the point), the calibration point's
 prediction against its measurement, and writes scale.csv, scale.png and scale.pdf under --out
@@ -42,7 +46,9 @@ COLUMNS = ["chips", "layout", "sampler", "trainer", "generate", "train", "allred
 
 def parse(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("run_dir")
+  p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                 help="a run directory; several of one config at different device counts fit "
+                 "the shared host's per-device cost")
   p.add_argument("--chips", default="1,8,64,512,1024", help="comma-separated chip counts")
   p.add_argument("--accelerator", default="h200", help="a row of rlscale/data/accelerators.json")
   p.add_argument("--run_accelerator", default="cpu", help="where RUN_DIR ran")
@@ -62,13 +68,15 @@ def parse(argv=None) -> argparse.Namespace:
                  "--max_new_tokens if given, else the run's)")
   p.add_argument("--bcrit", type=float, default=0.0, help="B_crit, responses per optimizer step")
   p.add_argument("--smin", type=float, default=0.0, help="S_min, optimizer steps")
-  p.add_argument("--out", default="", help="folder for scale.csv/png/pdf (default RUN_DIR/scale)")
+  p.add_argument("--out", default="", help="folder for scale.csv/png/pdf (default: the first "
+                 "RUN_DIR/scale)")
   return p.parse_args(argv)
 
 
-def calibrated(run: tc.Run, run_acc: str, target: str):
-  """(calibration on the run's accelerator, that accelerator, the target accelerator)."""
-  cal, racc = tc.calibrate(run.workload, run.measured, accelerators.get(run_acc))
+def calibrated(runs: list[tc.Run], run_acc: str, target: str):
+  """(calibration on the runs' accelerator, that accelerator, the target accelerator)."""
+  pairs = [(r.workload, r.measured) for r in runs]
+  cal, racc = tc.calibrate_runs(pairs, accelerators.get(run_acc))
   tacc = accelerators.get(target)
   if tacc.peak_flops is None:  # the cpu row as the target: the run's calibrated host
     tacc = tacc.with_peak(racc.peak_flops) if tacc.name == racc.name else None
@@ -172,7 +180,20 @@ def _label(model: str) -> str:
   return os.path.basename(os.path.dirname(path) if path.endswith("config.json") else path)
 
 
-def report_calibration(run: tc.Run, cal, racc) -> None:
+def report_calibration(runs: list[tc.Run], cal, racc) -> None:
+  for run in runs:
+    report_run(run, cal, racc)
+  print(f"  e_train {cal.e_train:.3g}, e_flops {cal.e_flops:.3g}, e_bw {cal.e_bw:.3g}, "
+        f"t_lat {cal.t_lat:.3g} s/decode step, reward {cal.reward_per_response:.3g} s/response, "
+        f"other {cal.other:.3g} s/step, weight sync x{cal.sync_scale:.3g} of modelled")
+  d = cal.per_device
+  how = ("one run: no per-device cost (b = 0)" if len(runs) == 1 else
+         f"{cal.source}; the shared host's cost on N devices, s: " + ", ".join(
+             f"{k} {getattr(d, k)[0]:+.3g} {getattr(d, k)[1]:+.3g}·N" for k in tm.PHASES))
+  print(f"  calibrated from {how}")
+
+
+def report_run(run: tc.Run, cal, racc) -> None:
   m = run.measured
   own = tm.predict(run.workload, racc, cal, m.chips, m.layout, m.sampler, m.overlap)
   err = own.step / m.step - 1
@@ -184,12 +205,9 @@ def report_calibration(run: tc.Run, cal, racc) -> None:
   if abs(err) > 0.25:
     print(f"warning: the prediction of the measured layout is off by {err:+.0%} (> 25%): the "
           f"phases' medians do not add up to the step's (time outside the logged phases)")
-  print(f"  e_train {cal.e_train:.3g}, e_flops {cal.e_flops:.3g}, e_bw {cal.e_bw:.3g}, "
-        f"t_lat {cal.t_lat:.3g} s/decode step, reward {cal.reward_per_response:.3g} s/response, "
-        f"other {cal.other:.3g} s/step, weight sync x{cal.sync_scale:.3g} of modelled")
 
 
-def report_target(w: tm.Workload, name: str, tcal, tacc) -> None:
+def report_target(w: tm.Workload, name: str, cal, tcal, tacc) -> None:
   n = f"{w.params / 1e9:.4g}B" if w.params >= 1e9 else f"{w.params / 1e6:.4g}M"
   print(f"predicting for model {name}: {n} parameters ({w.param_bytes} B "
         f"each), {w.layers} layers; {w.responses} responses/step, prompt {w.prompt_len:.4g} + "
@@ -202,16 +220,25 @@ def report_target(w: tm.Workload, name: str, tcal, tacc) -> None:
         f"({tcal.reward_per_response:.3g} s x {w.responses} = "
         f"{tcal.reward_per_response * w.responses:.3g} s), the rest of the host time per step "
         f"({tcal.other:.3g} s); neither shrinks with chips")
+  if cal.per_device.zero:
+    return
+  if tacc.shared_host and not tcal.per_device.zero:
+    print(f"the shared host's per-device cost is kept: {tacc.name}'s devices share its cores")
+  else:
+    print(f"the shared host's per-device cost is dropped on {tacc.name}: each device has its "
+          f"own compute")
 
 
 def main(argv=None) -> int:
   a = parse(argv)
-  run = tc.load_run(a.run_dir)
+  runs = [tc.load_run(d) for d in a.run_dirs]
+  tc.same_config(runs)
+  run = runs[0]
   w, name = target(a, run)
-  cal, racc, tacc = calibrated(run, a.run_accelerator, a.accelerator)
+  cal, racc, tacc = calibrated(runs, a.run_accelerator, a.accelerator)
   tcal = tc.transfer(cal, racc, tacc, w)
-  report_calibration(run, cal, racc)
-  report_target(w, name, tcal, tacc)
+  report_calibration(runs, cal, racc)
+  report_target(w, name, cal, tcal, tacc)
   batch = run.batch * w.responses / run.workload.responses
   steps, how = tm.steps_to_target(run.summary.get("responses_to_target"), w.responses, batch,
                                   w.optimizer_steps, a.bcrit, a.smin)
@@ -221,7 +248,7 @@ def main(argv=None) -> int:
   chips = sorted({int(c) for c in a.chips.split(",")})
   df = table(run, w, tcal, tacc, chips, layouts, a.overlap, steps)
   print(_fmt(df))
-  out = a.out or os.path.join(a.run_dir, "scale")
+  out = a.out or os.path.join(run.path, "scale")
   os.makedirs(out, exist_ok=True)
   title = (f"{name} on {tacc.name}: {w.responses} responses/step, "
            f"{w.prompt_len:.4g}+{w.decode_steps} tokens")

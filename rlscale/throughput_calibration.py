@@ -4,7 +4,14 @@ A run's config.json, metrics.jsonl and summary.json give its workload (model sha
 measured tokens and FLOPs) and its median phase seconds past compilation. From one run: e_train
 from the update's FLOPs; decode compute at e_train, bandwidth at e_bw, and what the roofline
 leaves of the measured decode is t_lat (or, when the roofline alone is slower, e_f and e_bw are
-scaled down), so the calibration run is reproduced exactly.
+scaled down), so the calibration run is reproduced exactly (no per-device term: b = 0).
+
+From runs of one config at two or more device counts N on a shared host (`cpu`): the model is
+calibrated on the run with the fewest devices, and each phase's residual (measured less
+modelled: generate, train, fixed = reward + other) is fitted by least squares as a + b·N, b the
+host's cost per device. A phase is then modelled + a + b·N, so each phase is a + b·N beyond the
+model's own N-dependence (host-memory all-reduces, each device's weight reads); with two runs
+both are reproduced exactly.
 """
 
 from __future__ import annotations
@@ -18,8 +25,8 @@ from typing import Any
 
 from rlscale import flops
 from rlscale.accelerators import Accelerator
-from rlscale.throughput_model import (DEFAULTS, Calibration, Workload, allreduce, generation,
-                                      weight_sync)
+from rlscale.throughput_model import (DEFAULTS, PHASES, Calibration, PerDevice, Workload,
+                                      allreduce, generation, predict, weight_sync)
 
 SKIP_STEPS = 2  # steps 1-2 compile
 TRAIN_KEYS = ("time/logprobs", "time/actor_update", "time/critic_update")
@@ -96,17 +103,58 @@ def calibrate(w: Workload, m: Measured, acc: Accelerator) -> tuple[Calibration, 
   return dataclasses.replace(cal, e_flops=cal.e_flops * scale, e_bw=cal.e_bw * scale), acc
 
 
+def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+  """Least-squares (a, b) of y = a + b·x; b = 0 when every x is the same."""
+  xs, ys = [float(x) for x in xs], [float(y) for y in ys]
+  mx, my = statistics.fmean(xs), statistics.fmean(ys)
+  sxx = sum((x - mx) ** 2 for x in xs)
+  b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+  return my - b * mx, b
+
+
+def _phase_devices(p) -> dict[str, int]:
+  """The devices each phase runs on: generation the sampler's, training the trainer's."""
+  return {"generate": p.sampler, "train": p.trainer, "fixed": p.chips}
+
+
+def calibrate_runs(runs: list[tuple[Workload, Measured]],
+                   acc: Accelerator) -> tuple[Calibration, Accelerator]:
+  """One run: calibrate(). Several runs of one config at different device counts on a shared
+  host: calibrated on the fewest devices, plus each phase's a + b·N fitted to the residuals."""
+  if len(runs) == 1:
+    return calibrate(*runs[0], acc)
+  counts = sorted(m.chips for _, m in runs)
+  if not acc.shared_host:
+    raise ValueError(f"a per-device cost is fitted on a shared host (cpu) only; on {acc.name} "
+                     f"each device has its own compute: calibrate from one run")
+  if len(set(counts)) < 2:
+    raise ValueError(f"calibrating from several runs needs two or more device counts, got "
+                     f"{counts}")
+  w0, m0 = min(runs, key=lambda r: r[1].chips)
+  cal, acc = calibrate(w0, m0, acc)
+  points: dict[str, list[tuple[int, float]]] = {k: [] for k in PHASES}
+  for w, m in runs:
+    p = predict(w, acc, cal, m.chips, m.layout, m.sampler, m.overlap)
+    seen = {"generate": m.generate, "train": m.train, "fixed": m.reward + m.other}
+    for k, n in _phase_devices(p).items():
+      points[k].append((n, seen[k] - getattr(p, k)))
+  fit = {k: _line([n for n, _ in v], [r for _, r in v]) for k, v in points.items()}
+  source = f"runs on {', '.join(map(str, counts))} {acc.name} devices (a + b*N per phase)"
+  return dataclasses.replace(cal, per_device=PerDevice(**fit), source=source), acc
+
+
 def transfer(cal: Calibration, run_acc: Accelerator, target: Accelerator,
              w: Workload) -> Calibration:
   """The calibration to use on `target`: the run's own when the target is the run's kind or
   the run's efficiencies are against a datasheet peak; typical defaults when the run was on
   the CPU and the target is not (a CPU's efficiencies say nothing about a GPU's). Host costs
-  (reward, other) are kept as measured either way."""
+  (reward, other) are kept as measured either way; the shared host's per-device cost is kept
+  only on the same host (on a GPU/TPU each device has its own compute)."""
   if target.name == run_acc.name or not run_acc.shared_host:
     return cal
   return dataclasses.replace(cal, e_train=DEFAULTS["e_train"], e_flops=DEFAULTS["e_flops"],
                              e_bw=DEFAULTS["e_bw"], t_lat=DEFAULTS["lat_per_layer"] * w.layers,
-                             sync_scale=1.0, source="defaults")
+                             sync_scale=1.0, per_device=PerDevice(), source="defaults")
 
 
 @dataclasses.dataclass
@@ -221,6 +269,17 @@ def load_run(path: str, skip: int = SKIP_STEPS) -> Run:
                overlap=bool(rollout.get("overlap", False)))
   cfg = _model(config)
   return Run(path, workload(cfg, config, plan, med), m, summary, float(plan.batch), cfg)
+
+
+def same_config(runs: list[Run]) -> None:
+  """Refuse runs of different configs (model, responses, decode steps, optimizer steps)."""
+  def key(r: Run):
+    w = r.workload
+    return (r.model, w.responses, w.decode_steps, w.optimizer_steps, w.minibatch)
+  for r in runs[1:]:
+    if key(r) != key(runs[0]):
+      raise ValueError(f"{r.path} is not the config of {runs[0].path} (model, responses, "
+                       f"decode steps, optimizer steps or mini-batch differ)")
 
 
 def _devices(mesh: dict) -> int:

@@ -15,6 +15,11 @@ row (simulated devices of one host) the host's compute rate is calibrated and sh
 devices (N of them add no compute); t_lat stays as calibrated (the devices' programs run
 concurrently on the host's thread pool), and collectives are host memory copies at the row's
 nominal link bandwidth.
+Shared host, per device: every op of a program runs once per device (launches, the collectives'
+per-device copies and synchronisation), so on the `cpu` row each phase also takes a + b·N
+seconds on N devices, fitted to runs at two or more device counts (zero from one run). It is
+the host's, not the model's: on a GPU/TPU target each device has its own compute and it is
+dropped.
 """
 
 from __future__ import annotations
@@ -77,6 +82,26 @@ def flops_per_token(w: Workload) -> float:
   return 2.0 * w.matmul_params + w.attn_flops_per_key * w.prompt_len / 2
 
 
+PHASES = ("generate", "train", "fixed")
+
+
+@dataclasses.dataclass(frozen=True)
+class PerDevice:
+  """A shared host's cost of running a phase on N devices, (a, b) per phase: a + b·N seconds on
+  top of the rest of the model; b is the cost per device. Zero unless fitted to several runs."""
+  generate: tuple[float, float] = (0.0, 0.0)
+  train: tuple[float, float] = (0.0, 0.0)
+  fixed: tuple[float, float] = (0.0, 0.0)
+
+  def seconds(self, phase: str, devices: int) -> float:
+    a, b = getattr(self, phase)
+    return a + b * devices
+
+  @property
+  def zero(self) -> bool:
+    return not any(v for p in PHASES for v in getattr(self, p))
+
+
 @dataclasses.dataclass(frozen=True)
 class Calibration:
   e_train: float
@@ -85,8 +110,9 @@ class Calibration:
   t_lat: float  # seconds per decode step beyond the roofline (dispatch, launches)
   reward_per_response: float
   other: float  # host seconds per step
-  source: str  # "run" or "defaults"
+  source: str  # "run", "runs on N1, N2 ... devices" or "defaults"
   sync_scale: float = 1.0  # measured / modelled weight sync of a split run (1: not measured)
+  per_device: PerDevice = PerDevice()  # the shared host's a + b·N per phase (cpu only)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +123,12 @@ class Phase:
   rows_per_chip: float = 0.0
   critical: float = 0.0
   allreduce: float = 0.0
+
+
+def host_cost(acc: Accelerator, cal: Calibration, phase: str, devices: int) -> float:
+  """The shared host's per-device cost of a phase on `devices` devices; 0 where each device has
+  its own compute (GPU/TPU)."""
+  return cal.per_device.seconds(phase, devices) if acc.shared_host else 0.0
 
 
 def replica_chips(w: Workload, acc: Accelerator) -> int:
@@ -126,6 +158,7 @@ def generation(w: Workload, acc: Accelerator, cal: Calibration, chips: int) -> P
   fl, bw, lat = _rates(acc, cal, chips, m)
   step = max(w.decode_bytes(rows) / bw, w.decode_flops(rows) / fl) + lat
   t = calls * (w.decode_steps * step + w.prefill_flops(rows) / fl)
+  t += host_cost(acc, cal, "generate", chips)
   per_row = w.decode_flops(1) / fl - w.kv_bytes_per_token * w.context / bw
   t0 = w.params * w.param_bytes / bw + lat
   crit = t0 / per_row if per_row > 0 else math.inf
@@ -147,7 +180,8 @@ def training(w: Workload, acc: Accelerator, cal: Calibration, chips: int) -> Pha
   else:
     rate = used * acc.peak_flops * cal.e_train
   ar = allreduce(w, acc, used)
-  return Phase(w.train_flops_per_response * w.responses / rate + ar, chips,
+  host = host_cost(acc, cal, "train", chips)
+  return Phase(w.train_flops_per_response * w.responses / rate + ar + host, chips,
                rows_per_chip=w.minibatch / chips, allreduce=ar)
 
 
@@ -156,8 +190,10 @@ def weight_sync(w: Workload, acc: Accelerator, chips: int) -> float:
   return w.params * w.param_bytes / acc.link_bw(chips)
 
 
-def fixed(w: Workload, cal: Calibration) -> float:
-  return cal.reward_per_response * w.responses + cal.other
+def fixed(w: Workload, cal: Calibration, acc: Accelerator | None = None, chips: int = 0) -> float:
+  """Reward scoring and host time, plus the shared host's per-device cost on `chips` devices."""
+  host = host_cost(acc, cal, "fixed", chips) if acc is not None else 0.0
+  return cal.reward_per_response * w.responses + cal.other + host
 
 
 @dataclasses.dataclass
@@ -182,7 +218,8 @@ class Prediction:
 
 
 def colocated(w, acc, cal, chips: int) -> Prediction:
-  g, t, f = generation(w, acc, cal, chips), training(w, acc, cal, chips), fixed(w, cal)
+  g, t = generation(w, acc, cal, chips), training(w, acc, cal, chips)
+  f = fixed(w, cal, acc, chips)
   p = Prediction(chips, "colocated", chips, chips, g.seconds, t.seconds, t.allreduce, 0.0, f,
                  g.seconds + t.seconds + f, g.rows_per_chip, g.critical, t.rows_per_chip)
   p.reason = reason(p, acc)
@@ -192,7 +229,7 @@ def colocated(w, acc, cal, chips: int) -> Prediction:
 def split(w, acc, cal, chips: int, sampler: int, overlap: bool = False) -> Prediction:
   trainer = chips - sampler
   g, t = generation(w, acc, cal, sampler), training(w, acc, cal, trainer)
-  s, f = weight_sync(w, acc, chips) * cal.sync_scale, fixed(w, cal)
+  s, f = weight_sync(w, acc, chips) * cal.sync_scale, fixed(w, cal, acc, chips)
   step = (max(g.seconds, t.seconds + s) if overlap else g.seconds + s + t.seconds) + f
   p = Prediction(chips, "split-overlap" if overlap else "split", sampler, trainer, g.seconds,
                  t.seconds, t.allreduce, s, f, step, g.rows_per_chip, g.critical, t.rows_per_chip)

@@ -150,9 +150,10 @@ def test_steps_to_target():
   assert tm.steps_to_target(None, 512, 512, 1)[0] is None
 
 
-def synthetic_run(path, devices=1, sampler=0):
+def synthetic_run(path, devices=1, sampler=0, gen=0.2, train=0.5, reward=0.01, other=0.02):
   """A run directory as the trainer writes it, with made-up phase times (split: `sampler` of
   the devices sample, with a 0.05 s weight sync)."""
+  step = gen + train + reward + other
   cfg = config_files.load("configs/grpo.py:tiny")
   if sampler:
     cfg.mesh.roles, cfg.mesh.sampler_devices = "split", sampler
@@ -161,8 +162,9 @@ def synthetic_run(path, devices=1, sampler=0):
     f.write(cfg.to_json())
   rows = [{"step": 0, "time/eval": 1.0}]
   for s in range(1, 7):
-    rows.append({"step": s, "time/generate": 0.2, "time/reward": 0.01, "time/actor_update": 0.5,
-                 "time/other": 0.02, "time/step": 0.73 + (s == 6) * 0.3 + bool(sampler) * 0.05,
+    rows.append({"step": s, "time/generate": gen, "time/reward": reward,
+                 "time/actor_update": train, "time/other": other,
+                 "time/step": step + (s == 6) * 0.3 + bool(sampler) * 0.05,
                  **({"time/weight_sync": 0.05} if sampler else {}),
                  "time/eval": (s == 6) * 0.3, "flops/step": 2e8, "response_tokens": 40,
                  "train_tokens": 100, "responses_seen": 16 * s})
@@ -232,6 +234,104 @@ def test_for_model_keeps_the_runs_passes_with_the_models_shape(tmp_path):
   assert short.response_len == 50 and short.train_flops_per_response < w.train_flops_per_response
   with pytest.raises(ValueError, match="response_len=300 exceeds max_new_tokens=200"):
     tc.for_model(run.workload, cfg, max_new_tokens=200, response_len=300)
+
+
+# The lead's idle-machine measurement (benchmarks/scale_validation.py): devices -> generate,
+# train, reward + other, step (seconds); the step here is the phases' sum.
+MEASURED = {1: (0.113, 0.449, 0.0076), 2: (0.0975, 0.525, 0.0096), 4: (0.1027, 0.590, 0.0094),
+            8: (0.145, 0.622, 0.0136)}
+STEP = {1: 0.560, 2: 0.638, 4: 0.700, 8: 0.788}
+
+
+def shared_host_runs(tmp_path, counts=(2, 4)):
+  out = []
+  for n in counts:
+    g, t, f = MEASURED[n]
+    path = synthetic_run(str(tmp_path / f"d{n}"), devices=n, gen=g, train=t, reward=f / 2,
+                         other=f / 2)
+    out.append(tc.load_run(path))
+  return out
+
+
+def phases(p):
+  return (p.generate, p.train, p.fixed)
+
+
+def test_two_run_calibration_reproduces_both_runs_and_extrapolates_linearly(tmp_path):
+  runs = shared_host_runs(tmp_path)
+  w = runs[0].workload
+  cal, acc = tc.calibrate_runs([(r.workload, r.measured) for r in runs], accelerators.get("cpu"))
+  assert cal.source.startswith("runs on 2, 4 cpu devices") and not cal.per_device.zero
+  for n in (2, 4):  # both calibration runs, phase by phase
+    assert phases(tm.predict(w, acc, cal, n, "colocated")) == pytest.approx(MEASURED[n])
+  bare = dataclasses.replace(cal, per_device=tm.PerDevice())
+  for n in (1, 8):  # each phase: the model's own + a + b·N, a straight line through 2 and 4
+    p, q = tm.predict(w, acc, cal, n, "colocated"), tm.predict(w, acc, bare, n, "colocated")
+    for k, ph in enumerate(tm.PHASES):
+      a, b = getattr(cal.per_device, ph)
+      assert phases(p)[k] == pytest.approx(phases(q)[k] + a + b * n)
+      line = MEASURED[2][k] + (MEASURED[4][k] - MEASURED[2][k]) * (n - 2) / 2
+      assert phases(p)[k] == pytest.approx(line, abs=2e-3)  # the tiny model's own N is small
+  one, eight = (tm.predict(w, acc, cal, n, "colocated").step for n in (1, 8))
+  assert one == pytest.approx(0.60, abs=0.01) and eight == pytest.approx(0.84, abs=0.01)
+  assert 0.04 < one / STEP[1] - 1 < 0.10 and 0.03 < eight / STEP[8] - 1 < 0.09  # was -28% at 8
+
+
+def test_several_runs_fit_a_line_by_least_squares():
+  assert tc._line([1, 2, 4], [1, 3, 7]) == pytest.approx((-1, 2))
+  assert tc._line([1, 2, 3], [0, 2, 1]) == pytest.approx((0, 0.5))
+  assert tc._line([4, 4], [1, 3]) == (2, 0)
+
+
+def test_the_per_device_cost_is_dropped_for_a_gpu_target(tmp_path):
+  runs = shared_host_runs(tmp_path)
+  cal, acc = tc.calibrate_runs([(r.workload, r.measured) for r in runs], accelerators.get("cpu"))
+  w, h200 = runs[0].workload, accelerators.get("h200")
+  gpu = tc.transfer(cal, acc, h200, w)
+  assert gpu.per_device.zero and gpu.source == "defaults"
+  assert tc.transfer(cal, acc, acc, w) == cal  # the same host keeps it
+  bare = dataclasses.replace(cal, per_device=tm.PerDevice())
+  for n in (1, 8):  # and the model never adds it off a shared host
+    assert tm.predict(w, h200, cal, n, "colocated") == tm.predict(w, h200, bare, n, "colocated")
+
+
+def test_single_run_calibration_is_unchanged(tmp_path):
+  run = shared_host_runs(tmp_path, counts=(1,))[0]
+  cpu = accelerators.get("cpu")
+  one = tc.calibrate_runs([(run.workload, run.measured)], cpu)
+  assert one == tc.calibrate(run.workload, run.measured, cpu)
+  assert one[0].per_device.zero and one[0].source == "run"
+  p = tm.predict(run.workload, one[1], one[0], 8, "colocated")
+  assert p.generate == pytest.approx(MEASURED[1][0], rel=0.05)  # no per-device growth
+
+
+def test_several_runs_are_refused_off_a_shared_host_or_at_one_count(tmp_path):
+  runs = shared_host_runs(tmp_path)
+  pairs = [(r.workload, r.measured) for r in runs]
+  with pytest.raises(ValueError, match="shared host .cpu. only; on h100"):
+    tc.calibrate_runs(pairs, accelerators.get("h100"))
+  with pytest.raises(ValueError, match=r"two or more device counts, got \[2, 2\]"):
+    tc.calibrate_runs([pairs[0], pairs[0]], accelerators.get("cpu"))
+  other = tc.load_run(synthetic_run(str(tmp_path / "x"), devices=8))
+  other = dataclasses.replace(other, workload=other.workload.with_responses(32))
+  with pytest.raises(ValueError, match="is not the config of"):
+    tc.same_config([runs[0], other])
+
+
+def test_scale_cli_calibrates_on_several_run_dirs(tmp_path, capsys):
+  d2, d4 = (r.path for r in shared_host_runs(tmp_path))
+  base = ["--chips", "1,8", "--layout", "colocated"]
+  assert scale_cli().main([d2, d4, *base, "--accelerator", "cpu", "--out",
+                           str(tmp_path / "cpu")]) == 0
+  assert scale_cli().main([d2, d4, *base, "--out", str(tmp_path / "h200")]) == 0
+  assert scale_cli().main([d2, *base, "--out", str(tmp_path / "one")]) == 0
+  text = capsys.readouterr().out
+  assert "calibration on " + d4 in text and "calibrated from runs on 2, 4 cpu devices" in text
+  assert "per-device cost is kept" in text and "per-device cost is dropped on h200" in text
+  assert "calibrated from one run: no per-device cost (b = 0)" in text
+  import pandas as pd
+  df = pd.read_csv(tmp_path / "cpu" / "scale.csv")
+  assert df.step[1] == pytest.approx(0.84, abs=0.01)
 
 
 def hf_folder(path):
