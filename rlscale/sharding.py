@@ -60,8 +60,12 @@ def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None)
     shape[shape.index(-1)] = len(devices) // known
   if math.prod(shape) != len(devices):
     raise ValueError(f"mesh.shape={tuple(shape)} needs {math.prod(shape)} devices, have {len(devices)}")
-  return jax.make_mesh(tuple(shape), MESH_AXES, devices=devices,
-                       axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
+  types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
+  try:
+    return jax.make_mesh(tuple(shape), MESH_AXES, devices=devices, axis_types=types)
+  except ValueError:  # a subset of the devices (mesh.roles='split') that the topology-aware
+    # layout cannot place, e.g. part of a TPU slice: the devices in the order given
+    return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES, axis_types=types)
 
 
 def rules_from_config(rules: Iterable[Sequence[Any]] | None) -> dict[str, Any]:
