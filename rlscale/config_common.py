@@ -166,7 +166,9 @@ def rollout(max_new_tokens: int) -> ml_collections.ConfigDict:
   c.temperature = 1.0  # sampling temperature of the training responses
   c.top_k = 0  # 0 keeps every token
   c.top_p = 1.0  # 1 keeps every token
-  c.generation_batch = auto_or_int()  # responses per compiled decode call; auto: rlscale/batch.py
+  # responses per compiled decode call; auto: the largest whose compiled decode fits the
+  # device memory (rlscale/sampling/memory_fit.py), recorded in summary.json
+  c.generation_batch = auto_or_int()
   c.decode_chunk = 64  # KV-cache slots per chunk of generated tokens
   # Generate step N+1's responses while step N trains (one step off-policy, as in verl,
   # AReaL, PipelineRL); the lag is recorded and the ratio uses the sampler's log-probs.
