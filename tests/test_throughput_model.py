@@ -380,8 +380,7 @@ def test_scale_cli_refuses_a_mistake_in_one_line(tmp_path):
 
 
 def test_published_table_is_predicted():
-  sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-  import scale_validation
-  rows = scale_validation.published()
+  from rlscale.published_scaling import published
+  rows = published()
   assert rows and all(r["calibrated"] == (r["chips"] == 8) for r in rows)
   assert all(abs(r["rel_error"]) < 1e-6 for r in rows if r["calibrated"])
