@@ -106,6 +106,19 @@ class Sampler:
           jax.jit(lambda: _empty_cache(cfg, self.params, *shape), out_shardings=cache_shardings))
     return self._calls[shape, group_size]
 
+  def abstract_args(self, state: nnx.State, shape: tuple[int, int]) -> tuple:
+    """The arguments of `call_for(state, shape)[0]` as ShapeDtypeStructs with the shardings
+    the call is given (`state` as passed, e.g. already abstract): lowering with them compiles
+    the call that a real one of `shape` runs, and allocates nothing (memory_fit)."""
+    shapes = _cache_shapes(nnx.merge(self.graphdef, state).cfg, self.params, *shape)
+    cache = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                         shapes, self._cache_shardings(shapes))
+    b1, b2 = (sharding.batch_sharding(self.mesh, n, self.rules) for n in (1, 2))
+    return (state, cache, jax.ShapeDtypeStruct(shape, np.int32, sharding=b2),
+            jax.ShapeDtypeStruct(shape, np.bool_, sharding=b2),
+            jax.eval_shape(lambda: jax.random.key(0)),
+            jax.ShapeDtypeStruct(shape[:1], np.int32, sharding=b1))
+
   def release(self) -> None:
     """Free the KV caches; the next call allocates them again (it does not recompile)."""
     self._caches.clear()

@@ -39,11 +39,9 @@ from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
-from flax import nnx
 
 from rlscale import distributed, sharding
 from rlscale.batch import MAX_GENERATION_BATCH_PER_DEVICE, ConfigError, divisors
-from rlscale.sampling import decode
 from rlscale.sampling.decode import Sampler, shared_prefill
 
 SAFETY_FRACTION = 0.9  # of the device's memory: headroom for fragmentation and XLA's runtime
@@ -212,23 +210,15 @@ def call_bytes(sampler: Sampler, params_state, prompt_len: int, batch: int,
   """Compile the Sampler's call for `batch` x `prompt_len` prompt tokens, with the prompts'
   runs of `group` copies prefilled once, from shapes alone, and read its memory analysis."""
   state = jax.tree.map(_abstract, params_state)
-  cfg = nnx.merge(sampler.graphdef, state).cfg
   shape = (batch, prompt_len)
-  cache_shapes = decode._cache_shapes(cfg, sampler.params, *shape)
-  cache_shardings = sampler._cache_shardings(cache_shapes)
   call, _ = sampler.call_for(state, shape, group)
-  b1, b2 = (sharding.batch_sharding(sampler.mesh, n, sampler.rules) for n in (1, 2))
-  cache = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                       cache_shapes, cache_shardings)
-  args = (state, cache, jax.ShapeDtypeStruct(shape, np.int32, sharding=b2),
-          jax.ShapeDtypeStruct(shape, np.bool_, sharding=b2),
-          jax.eval_shape(lambda: jax.random.key(0)),
-          jax.ShapeDtypeStruct((batch,), np.int32, sharding=b1))
+  args = sampler.abstract_args(state, shape)
+  cache = args[1]
   t = time.perf_counter()
   compiled = call.lower(*args).compile()
   seconds = time.perf_counter() - t
   rollout_out, _ = compiled.out_info
-  shaped = _tree_bytes((state, cache) + args[2:4] + args[5:])
+  shaped = _tree_bytes(args)  # the key counts 0
   sizes = dict(cache=_tree_bytes(cache), rollout=_tree_bytes(rollout_out), compile_s=seconds)
   m = compiled.memory_analysis()
   if m is None:  # this backend reports nothing: the shapes, without temporaries
