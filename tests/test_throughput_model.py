@@ -384,3 +384,15 @@ def test_published_table_is_predicted():
   rows = published()
   assert rows and all(r["calibrated"] == (r["chips"] == 8) for r in rows)
   assert all(abs(r["rel_error"]) < 1e-6 for r in rows if r["calibrated"])
+
+
+def test_the_accelerator_table_and_the_mfu_peaks_agree():
+  """flops.PEAKS (MFU, by jax device_kind) and accelerators.json (the throughput model) state
+  the same datasheet peaks for the chips both know."""
+  from rlscale import accelerators, flops
+  table = accelerators.load()
+  pairs = {"NVIDIA H100 80GB HBM3": "h100", "NVIDIA H200": "h200",
+           "NVIDIA A100-SXM4-80GB": "a100", "TPU v5e": "tpu-v5e", "TPU v5p": "tpu-v5p",
+           "TPU v6e": "tpu-v6e"}
+  for kind, row in pairs.items():
+    assert flops.PEAKS[kind] == table[row].peak_flops, (kind, row)
