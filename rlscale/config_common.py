@@ -84,7 +84,7 @@ def mesh() -> ml_collections.ConfigDict:
 
 def task(name: str = "arithmetic") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.name = name  # arithmetic (embedded) | tfds_math | reasoning_gym
+  c.name = name  # arithmetic | chain_sum (embedded) | files | tfds_math | reasoning_gym
   c.seed = 0  # problem streams and the held-out set derive from it
   c.num_eval = 500  # size of the held-out set
   # arithmetic: operands of 1..digits digits, ops from '+-*', products' second factor <= mul_digits
@@ -99,8 +99,26 @@ def task(name: str = "arithmetic") -> ml_collections.ConfigDict:
   # reasoning_gym: one of its procedural generators (pip install 'rlscale[reasoning]')
   c.rg_dataset = "basic_arithmetic"
   c.rg_size = 100_000  # problems in the training stream before it repeats
-  c.max_prompt_len = 256  # prompts longer than this (in tokens) are skipped (tfds, reasoning_gym)
+  c.max_prompt_len = 256  # prompts longer than this (in tokens) are skipped and counted, never cut
   c.max_answer_len = 32  # tokens a correct response needs (tfds, reasoning_gym)
+  # files: prompts and answers from the user's disk (rlscale/tasks/files.py). Comma-separated
+  # paths or globs of JSONL (.jsonl/.json), Parquet (.parquet) or a `datasets` save_to_disk folder.
+  c.train_files = ""
+  c.eval_files = ""  # the held-out set; empty: `eval_fraction` of the training rows
+  c.eval_fraction = 0.0  # share of the training rows held out when eval_files is empty
+  c.prompt_field = "question"  # the column with the problem text
+  c.answer_field = "answer"  # the column with the reference ("... #### 72" and \boxed{} work)
+  # Prompts of text tasks (files, tfds_math, reasoning_gym) through the checkpoint's template.
+  c.system_prompt = ""  # a system message before the problem; empty: none
+  c.instruction = "Put the final answer in \\boxed{}."  # appended to every problem
+  c.enable_thinking = placeholder(bool)  # Qwen3 templates: thinking on/off; None: the default
+  # Graders (rlscale/tasks/graders.py): math (math-verify: boxed or final-line answers, numeric
+  # and symbolic equivalence) | numeric | exact | regex. Model text is never evaluated.
+  c.grader = "math"
+  c.grader_regex = ""  # regex: the answer is the pattern's first group (or match) in the response
+  c.grader_timeout_s = 2.0  # per check; a check that takes longer scores 0
+  c.demo_files = ""  # PPO-ptx demonstrations (prompt_field, demo_field); empty: the task's own
+  c.demo_field = "response"  # the column with a demonstration's response text
   return c
 
 
@@ -118,6 +136,7 @@ def optim(lr: float) -> ml_collections.ConfigDict:
   c.eps = 1e-8  # Adam epsilon
   c.weight_decay = 0.0  # decoupled weight decay (AdamW)
   c.grad_clip = 1.0  # clip the global gradient norm to this; 0 turns clipping off
+  c.state_dtype = ""  # Adam moments' dtype; empty: the parameters' (float32 under bf16 params)
   return c
 
 
@@ -133,6 +152,11 @@ def run(num_steps: int) -> ml_collections.ConfigDict:
   c.log_every = 10  # console progress line every N steps
   c.tensorboard = True  # TensorBoard event files beside metrics.jsonl
   c.peak_flops = 0.0  # peak FLOP/s of one device for MFU; 0: known accelerators only, not CPU
+  # Memory of the training forward (rlscale/models/memory.py): rematerialization of each
+  # decoder block (none | full | dots: keep matmul outputs) and the vocabulary columns per chunk
+  # of the float32 log-softmax (0: the whole vocabulary at once).
+  c.remat = "none"
+  c.logprob_chunk = 8192
   return c
 
 
@@ -198,6 +222,10 @@ def rl(num_prompts: int, group_size: int, **overrides) -> ml_collections.ConfigD
   c.entropy_coef = 0.0  # entropy bonus weight
   c.loss_aggregation = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
   c.old_logprobs = "sampler"  # sampler: log-probs recorded while sampling; recompute: a forward
+  # PPO-ptx (InstructGPT): ptx_coef x the mean NLL of `ptx_rows` demonstrations (task.demo_files)
+  # added to every optimizer step's policy loss; 0 turns it off.
+  c.ptx_coef = 0.0
+  c.ptx_rows = 8
   c.update(overrides)
   return c
 

@@ -72,7 +72,13 @@ FREE_TO_CHANGE = ("train.log_every", "train.tensorboard", "train.async_checkpoin
 # Fields added after runs were made, with the value that does what those runs did: a run whose
 # config.json lacks one resumes with that value without asking.
 ADDED = {"mesh.roles": "colocated", "mesh.sampler_devices": 0, "mesh.sampler_shape": [-1, 1, 1],
-         "rollout.overlap": False}
+         "rollout.overlap": False, "train.remat": "none", "train.logprob_chunk": 0,
+         "optim.state_dtype": "", "rl.ptx_coef": 0.0, "rl.ptx_rows": 8, "task.train_files": "",
+         "task.eval_files": "", "task.eval_fraction": 0.0, "task.prompt_field": "question",
+         "task.answer_field": "answer", "task.system_prompt": "",
+         "task.instruction": "Put the final answer in \\boxed{}.", "task.enable_thinking": None,
+         "task.grader": "numeric", "task.grader_regex": "", "task.grader_timeout_s": 2.0,
+         "task.demo_files": "", "task.demo_field": "response", "critic.optim.state_dtype": ""}
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
