@@ -25,6 +25,12 @@ setup(
         "ml_dtypes>=0.5",  # bfloat16 in numpy, for safetensors checkpoints
         "tokenizers>=0.21",  # tokenizer.json of Hugging Face checkpoints
         "jinja2>=3.1",  # chat templates of Hugging Face checkpoints
+        # Prompt files: JSONL, Parquet and save_to_disk folders as memory-mapped Arrow tables,
+        # one reader for the three formats (rlscale/tasks/files.py).
+        "datasets>=3.0",
+        # Math answers compared as the community does (boxed and final-line answers, numeric and
+        # symbolic equivalence through sympy), with a time limit per check (tasks/graders.py).
+        "math-verify>=0.8",
         "tensorboardX>=2.6",  # TensorBoard event files without TensorFlow
         # analysis/: tables, figures and fits of a sweep's report (analysis/report.py).
         "pandas>=2.2",
