@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -18,6 +18,11 @@ class TextTask(Task):
 
   Subclasses give `_train_size`, `_train_item(i)`, `_eval_items()`. Prompts longer than
   `max_prompt_len` tokens are skipped (deterministically), never truncated.
+
+  The prompt is the problem, then `task.instruction` on its own line (empty: none), as the user
+  turn of the checkpoint's chat template after `task.system_prompt` as a system turn (empty:
+  none); `task.enable_thinking`, when set, reaches the template (Qwen3's thinking switch).
+  Configs written before those fields existed read their old behaviour (`cfg.get` defaults).
   """
 
   def __init__(self, cfg: Mapping[str, Any], tokenizer: Tokenizer):
@@ -26,6 +31,11 @@ class TextTask(Task):
     self.num_eval = int(cfg["num_eval"])
     self.max_prompt_len = int(cfg["max_prompt_len"])
     self.max_answer_len = int(cfg["max_answer_len"])
+    self.system_prompt = cfg.get("system_prompt", "") or ""
+    instruction = cfg.get("instruction", INSTRUCTION)
+    self.instruction = INSTRUCTION if instruction is None else instruction
+    thinking = cfg.get("enable_thinking", None)
+    self.enable_thinking = None if thinking is None else bool(thinking)
 
   # --- what a source provides ---
   _train_size: int
@@ -38,19 +48,39 @@ class TextTask(Task):
 
   # --- prompts and scoring ---
   def prompt_text(self, problem: Problem) -> str:
-    content = f"{problem.question.strip()}\n{INSTRUCTION}"
+    question = problem.question.strip()
+    content = f"{question}\n{self.instruction}" if self.instruction else question
     if getattr(self.tokenizer, "chat_template", None):
-      return self.tokenizer.apply_chat_template([{"role": "user", "content": content}],
-                                                add_generation_prompt=True)
-    return f"Question: {content}\nAnswer:"
+      system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+      kwargs = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
+      return self.tokenizer.apply_chat_template(
+          system + [{"role": "user", "content": content}], add_generation_prompt=True, **kwargs)
+    first = f"{self.system_prompt}\n" if self.system_prompt else ""
+    return f"{first}Question: {content}\nAnswer:"
 
-  def prompt_ids(self, problem: Problem) -> list[int]:
-    ids = self.tokenizer.encode(self.prompt_text(problem), add_special_tokens=False)
+  def _bos_ids(self) -> list[int]:
+    """The BOS id prepended to a prompt without a chat template (a template writes its own)."""
     bos = getattr(self.tokenizer, "bos_token", None)
     if bos and not getattr(self.tokenizer, "chat_template", None):
       bos_id = self.tokenizer.encode(bos, add_special_tokens=False)
-      ids = bos_id + ids if len(bos_id) == 1 else ids
-    return ids
+      return bos_id if len(bos_id) == 1 else []
+    return []
+
+  def prompt_ids(self, problem: Problem) -> list[int]:
+    return self._bos_ids() + self.tokenizer.encode(self.prompt_text(problem),
+                                                   add_special_tokens=False)
+
+  def prompt_lengths(self, problems: Sequence[Problem]) -> list[int]:
+    """len(prompt_ids(p)) of each problem, through the tokenizer's `encode_batch(texts,
+    add_special_tokens=False) -> list[list[int]]` when it has one (one call for a whole file)."""
+    texts = [self.prompt_text(p) for p in problems]
+    batch = getattr(self.tokenizer, "encode_batch", None)
+    if callable(batch):
+      ids = batch(texts, add_special_tokens=False)
+    else:
+      ids = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    extra = len(self._bos_ids())
+    return [len(i) + extra for i in ids]
 
   def demonstration(self, problem: Problem) -> str:
     return f"\\boxed{{{problem.answer}}}"
