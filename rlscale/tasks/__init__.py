@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 from rlscale.tasks.base import Problem, Score, Task, Tokenizer
 
-NAMES = ("arithmetic", "chain_sum", "tfds_math", "reasoning_gym")
+NAMES = ("arithmetic", "chain_sum", "files", "tfds_math", "reasoning_gym")
 EMBEDDED = ("arithmetic", "chain_sum")  # built in, with their own character tokenizer
 
 
@@ -22,9 +22,12 @@ def make(cfg: Mapping[str, Any], tokenizer: Tokenizer | None = None) -> Task:
     from rlscale.tasks.chain_sum import ChainSum
     return ChainSum(terms=cfg["terms"], digits=cfg["digits"], flaw=cfg["flaw"],
                     num_eval=cfg["num_eval"], seed=cfg["seed"])
-  if name in ("tfds_math", "reasoning_gym"):
+  if name in ("files", "tfds_math", "reasoning_gym"):
     if tokenizer is None:
       raise ValueError(f"task.name={name!r} needs a tokenizer: set model.hf_checkpoint")
+    if name == "files":
+      from rlscale.tasks.files import FileTask
+      return FileTask(cfg, tokenizer)
     if name == "tfds_math":
       from rlscale.tasks.tfds_math import TfdsMath
       return TfdsMath(cfg, tokenizer)
