@@ -83,10 +83,26 @@ def trained_model(ctx: Context, name: str, forward, loss, params, optim_cfg, pro
   """A `Trained` model sized by the plan's batch for `name` ("actor", "critic")."""
   from rlscale.rl.trained import Trained
   cfg = ctx.cfg
+  coef = float(cfg.rl.get("ptx_coef", 0.0)) if name == "actor" else 0.0
   return Trained(name, forward, loss, params, optim_cfg, batch=ctx.plan.models[name],
                  group_size=ctx.plan.group_size, total_responses=ctx.plan.total_responses,
                  aggregation=cfg.rl.loss_aggregation, max_len=cfg.rollout.max_new_tokens,
-                 mesh=ctx.env.mesh, rules=ctx.env.rules, noise_cfg=cfg.noise, prox_com=prox_com)
+                 mesh=ctx.env.mesh, rules=ctx.env.rules, noise_cfg=cfg.noise, prox_com=prox_com,
+                 ptx_coef=coef, demos=demonstrations(ctx) if coef else None)
+
+
+def demonstrations(ctx: Context):
+  """PPO-ptx's demonstration stream (rl/ptx.py): task.demo_files' rows, else the task's own."""
+  import math
+  from rlscale.batch import ConfigError
+  from rlscale.rl import ptx
+  cfg, env = ctx.cfg, ctx.env
+  errors = ptx.check(cfg.rl, math.lcm(ctx.plan.shards, ctx.plan.processes))
+  if errors:
+    raise ConfigError("; ".join(errors))
+  source = ptx.demo_file_pairs(cfg.task, env.task) if cfg.task.get("demo_files") else None
+  return ptx.Demonstrations(env.task, int(cfg.rl.ptx_rows), int(cfg.rollout.max_new_tokens),
+                            env.mesh, env.rules, source)
 
 
 def registry_errors(field: str, value: str, registry: Registry) -> list[str]:
@@ -104,6 +120,12 @@ def policy_loss_errors(rl) -> list[str]:
   if not 0 <= rl.clip_eps_low < 1 or rl.clip_eps_high < 0:
     errors.append(f"rl.clip_eps_low={rl.clip_eps_low}, rl.clip_eps_high={rl.clip_eps_high}: "
                   f"need 0 <= low < 1 and high >= 0")
+  errors += ptx_errors(rl)
   if rl.kl_coef < 0 or rl.entropy_coef < 0:
     errors.append(f"rl.kl_coef={rl.kl_coef}, rl.entropy_coef={rl.entropy_coef} must be >= 0")
   return errors
+
+
+def ptx_errors(rl) -> list[str]:
+  from rlscale.rl.ptx import check
+  return check(rl, 1)

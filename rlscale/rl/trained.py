@@ -15,7 +15,7 @@ from absl import logging
 
 from rlscale import optim
 from rlscale.batch import ModelBatch
-from rlscale.rl import noise_scale
+from rlscale.rl import noise_scale, ptx
 from rlscale.rl.update import TrainState, make_update
 
 
@@ -24,7 +24,8 @@ class Trained:
 
   def __init__(self, name: str, forward, loss, params, optim_cfg: Mapping[str, Any], *,
                batch: ModelBatch, group_size: int, total_responses: int, aggregation: str,
-               max_len: int, mesh, rules, noise_cfg: Mapping[str, Any], prox_com: float = 0.0):
+               max_len: int, mesh, rules, noise_cfg: Mapping[str, Any], prox_com: float = 0.0,
+               ptx_coef: float = 0.0, demos=None):
     self.name, self.batch, self.group_size = name, batch, group_size
     self.opt_batch = batch.minibatch  # responses per optimizer step
     optimizer, self.scaled = optim.make(optim_cfg, batch=self.opt_batch,
@@ -48,7 +49,9 @@ class Trained:
                               num_epochs=batch.num_epochs, microbatch=batch.microbatch,
                               aggregation=aggregation, max_len=max_len, mesh=mesh, rules=rules,
                               group_size=group_size, measure_noise=self.measure_noise,
-                              prox_decay=self.prox_decay)
+                              prox_decay=self.prox_decay,
+                              ptx=(ptx_coef, ptx.nll) if demos is not None else None)
+    self.demos, self.opt_steps_taken = demos, None  # PPO-ptx rows (rl/ptx.py), or None
     prox = jax.tree.map(jnp.copy, params) if self.prox_decay is not None else None
     self.state = self.update.place(
         TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32), prox))
@@ -59,7 +62,15 @@ class Trained:
 
   def step(self, batch, key, by_group: bool):
     """Dispatch one update; returns the device metrics."""
-    self.state, metrics = self.update(self.state, batch, key, by_group and self.prompt_level)
+    demos = None
+    if self.demos is not None:
+      if self.opt_steps_taken is None:  # once per process life: after a restore, its count
+        self.opt_steps_taken = ptx.steps_taken(self.state)
+      n = self.batch.num_minibatches * self.batch.num_epochs
+      demos = self.demos.batch(self.opt_steps_taken, n)
+      self.opt_steps_taken += n
+    self.state, metrics = self.update(self.state, batch, key, by_group and self.prompt_level,
+                                      demos)
     return metrics
 
   def read(self, metrics: Mapping[str, Any], by_group: bool) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rlscale import sharding
+from rlscale.models import memory
 from rlscale.rl.losses import microbatch_shares, token_weights
 
 
@@ -44,7 +45,7 @@ class SequenceBatch(NamedTuple):
 class TokenInputs(NamedTuple):
   """What a per-token policy loss sees for one micro-batch."""
   logp: jax.Array  # [b, N] log pi(token) under the parameters being trained
-  logits: jax.Array  # [b, N, V] float32
+  entropy: jax.Array  # [b, N] float32, of the full softmax at each position
   mask: jax.Array  # [b, N] bool
   extras: dict[str, jax.Array]
   prox_logp: jax.Array | None = None  # [b, N] under the proximal policy, when there is one
@@ -57,28 +58,38 @@ class ValueInputs(NamedTuple):
   extras: dict[str, jax.Array]
 
 
-def policy_forward(graphdef: nnx.GraphDef):
-  """forward(params, batch, prox) -> TokenInputs for a CausalLM."""
-  def logp_and_logits(params, mb: SequenceBatch):
+def policy_forward(graphdef: nnx.GraphDef, chunk: int = 0, remat: str = "none"):
+  """forward(params, batch, prox) -> TokenInputs for a CausalLM.
+
+  `chunk` (train.logprob_chunk): vocabulary columns per chunk of the float32 log-softmax, 0
+  the whole vocabulary at once; `remat` (train.remat): each decoder block's rematerialization
+  in the backward pass (rlscale/models/memory.py). The defaults are the old behaviour.
+  """
+  memory.remat_policy(remat)  # an unknown value fails here, naming the field
+  if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+    raise ValueError(f"train.logprob_chunk={chunk!r} must be an integer >= 0")
+
+  def logp_and_entropy(params, mb: SequenceBatch):
     n = mb.resp_mask.shape[1]
-    logits = nnx.merge(graphdef, params).response_logits(mb.tokens, mb.mask, n)
-    logp_all = jax.nn.log_softmax(logits, axis=-1)
-    return jnp.take_along_axis(logp_all, mb.tokens[:, -n:, None], axis=-1)[..., 0], logits
+    return nnx.merge(graphdef, params).response_logprobs(mb.tokens, mb.mask, n, chunk, remat)
 
   def forward(params, mb: SequenceBatch, prox=None) -> TokenInputs:
-    logp, logits = logp_and_logits(params, mb)
+    logp, entropy = logp_and_entropy(params, mb)
     prox_logp = None
     if prox is not None:
-      prox_logp = jax.lax.stop_gradient(logp_and_logits(prox, mb)[0])
-    return TokenInputs(logp, logits, mb.resp_mask, mb.extras, prox_logp)
+      prox_logp = jax.lax.stop_gradient(logp_and_entropy(prox, mb)[0])
+    return TokenInputs(logp, entropy, mb.resp_mask, mb.extras, prox_logp)
 
   return forward
 
 
-def value_forward(graphdef: nnx.GraphDef):
-  """forward(params, batch, prox) -> ValueInputs for a ValueModel."""
+def value_forward(graphdef: nnx.GraphDef, remat: str = "none"):
+  """forward(params, batch, prox) -> ValueInputs for a ValueModel; `remat` as policy_forward's."""
+  memory.remat_policy(remat)
+
   def forward(params, mb: SequenceBatch, prox=None) -> ValueInputs:
-    values = nnx.merge(graphdef, params).response_values(mb.tokens, mb.mask, mb.resp_mask.shape[1])
+    values = nnx.merge(graphdef, params).response_values(mb.tokens, mb.mask,
+                                                         mb.resp_mask.shape[1], remat)
     return ValueInputs(values, mb.resp_mask, mb.extras)
   return forward
 
@@ -90,7 +101,13 @@ def response_fn(forward, field: str, mesh: Mesh, rules: sharding.Rules):
   def fn(params, tokens, mask, resp_mask):
     with sharding.activation_sharding(mesh, rules):
       return getattr(forward(params, SequenceBatch(tokens, mask, resp_mask, {})), field)
-  return lambda params, batch: fn(params, batch.tokens, batch.mask, batch.resp_mask)
+
+  def call(params, batch):
+    return fn(params, batch.tokens, batch.mask, batch.resp_mask)
+
+  # The jitted call lowered for a batch, for its memory analysis (rlscale/memory_report.py).
+  call.lower = lambda params, batch: fn.lower(params, batch.tokens, batch.mask, batch.resp_mask)
+  return call
 
 
 # loss(inputs) -> (per-token loss [b, N], {metric name: per-token value [b, N]})
@@ -160,7 +177,8 @@ def apply_gradients(optimizer, state: TrainState, grads, prox_decay: float | Non
 def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLoss,
                 *, num_minibatches: int, num_epochs: int, microbatch: int, aggregation: str,
                 max_len: int, mesh: Mesh, rules: sharding.Rules, shuffle: bool = True,
-                group_size: int = 1, measure_noise: bool = True, prox_decay: float | None = None):
+                group_size: int = 1, measure_noise: bool = True, prox_decay: float | None = None,
+                ptx: tuple[float, TokenLoss] | None = None):
   """An `Update`: `update(state, batch, key, by_group=False) -> (state, metrics)`.
 
   `forward(params, micro_batch, prox_params)` gives the loss its inputs (policy_forward,
@@ -170,11 +188,23 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
   with the batch sizes they belong to (micro-batch and mini-batch rows). With a single
   micro-batch per mini-batch there is no small batch, and the noise metrics are absent, as they
   are with `measure_noise=False`. With `prox_decay` the state's `prox` parameters follow the
-  trained ones as an EWMA, updated after every optimizer step.
+  trained ones as an EWMA, updated after every optimizer step. With `ptx` = (coef, loss)
+  every optimizer step adds coef x the token mean of `loss` over its block of the `demos` rows
+  (rl/ptx.py: PPO-ptx); the noise metrics and `grad_norm_rl` measure the policy loss alone.
   """
   grad_fn = micro_grad_fn(forward, loss)
+  ptx_grad = None if ptx is None else micro_grad_fn(forward, ptx[1])
 
-  def minibatch_step(state: TrainState, mb: SequenceBatch):
+  def add_ptx(params, grads, demo: SequenceBatch, metrics):
+    """grads + coef x the demonstrations' gradient, with the ptx metrics."""
+    w = token_weights(demo.resp_mask, "token-mean", 1)
+    (_, aux), g = ptx_grad(params, (demo, w, w), None)
+    metrics.update({k: v for k, v in aux.items()}, ptx_grad_norm=jnp.sqrt(sq_norm(g)),
+                   grad_norm_rl=jnp.sqrt(sq_norm(grads)))
+    return jax.tree.map(lambda a, b: a + ptx[0] * b, grads, g)
+
+  def minibatch_step(state: TrainState, xs):
+    mb, demo = xs
     rows = mb.tokens.shape[0]
     w = token_weights(mb.resp_mask, aggregation, max_len)
     mw = token_weights(mb.resp_mask, "token-mean", max_len)  # metrics: token means
@@ -187,22 +217,29 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
         measure_noise and n_micro > 1)
     big_sq = sq_norm(grads)
     metrics = {k: jnp.sum(v) for k, v in metrics.items()}
-    metrics.update(loss=jnp.sum(values), grad_norm=jnp.sqrt(big_sq))
+    if demo is not None:
+      grads = add_ptx(state.params, grads, demo, metrics)
+    metrics.update(loss=jnp.sum(values),
+                   grad_norm=jnp.sqrt(big_sq if demo is None else sq_norm(grads)))
     if n_micro > 1 and measure_noise:
       metrics.update({"noise/grad_sq_small": small_sq, "noise/grad_sq_big": big_sq})
     return apply_gradients(optimizer, state, grads, prox_decay), metrics
 
-  def update(state: TrainState, batch: SequenceBatch, key, by_group):
+  def update(state: TrainState, batch: SequenceBatch, key, by_group, demos=None):
     with sharding.activation_sharding(mesh, rules):
       rows = batch.tokens.shape[0]
       mb_rows = rows // num_minibatches
+      if demos is not None:  # one block of rows per optimizer step, in order
+        per = (num_epochs, num_minibatches, demos.tokens.shape[0] // num_epochs // num_minibatches)
+        demos = jax.tree.map(lambda x: x.reshape(per + x.shape[1:]), demos)
       step_metrics = []
       for epoch in range(num_epochs):
         idx = (permutation(jax.random.fold_in(key, epoch), rows, group_size, by_group)
                if shuffle else jnp.arange(rows))
         shuffled = jax.tree.map(lambda x: jnp.take(x, idx, axis=0), batch)
         mbs = jax.tree.map(lambda x: x.reshape((num_minibatches, mb_rows) + x.shape[1:]), shuffled)
-        state, metrics = jax.lax.scan(minibatch_step, state, mbs)
+        epoch_demos = None if demos is None else jax.tree.map(lambda x: x[epoch], demos)
+        state, metrics = jax.lax.scan(minibatch_step, state, (mbs, epoch_demos))
         step_metrics.append(metrics)
       metrics = jax.tree.map(lambda *xs: jnp.concatenate(xs), *step_metrics)
       out = {k: jnp.mean(v) for k, v in metrics.items()}
@@ -235,8 +272,12 @@ class Update:
     """Put a freshly built or restored state on the shardings the update expects."""
     return jax.device_put(state, self.state_shardings(state))
 
-  def __call__(self, state: TrainState, batch: SequenceBatch, key, by_group: bool = False):
-    batch_sh = jax.tree.map(lambda x: sharding.batch_sharding(self.mesh, x.ndim, self.rules), batch)
+  def __call__(self, state: TrainState, batch: SequenceBatch, key, by_group: bool = False,
+               demos: SequenceBatch | None = None):
+    """One update; `demos` are the PPO-ptx rows of its optimizer steps (make_update's `ptx`)."""
+    shard = lambda tree: jax.tree.map(
+        lambda x: sharding.batch_sharding(self.mesh, x.ndim, self.rules), tree)
+    batch_sh, demos_sh = shard(batch), shard(demos)
     batch = jax.device_put(batch, batch_sh)  # a no-op for rows already on the batch axes
     if self._jitted is None:
       state_sh = self.state_shardings(state)
@@ -247,6 +288,6 @@ class Update:
         return self._fn(*args)
 
       self._jitted = jax.jit(counted, donate_argnums=0,
-                             in_shardings=(state_sh, batch_sh, rep, rep),
+                             in_shardings=(state_sh, batch_sh, rep, rep, demos_sh),
                              out_shardings=(state_sh, rep))
-    return self._jitted(state, batch, key, jnp.asarray(by_group))
+    return self._jitted(state, batch, key, jnp.asarray(by_group), demos)
