@@ -153,6 +153,9 @@ def _task(errors: list[str], cfg, model_cfg) -> None:
     for f in ("max_prompt_len", "max_answer_len") + (("rg_size",) if t.name == "reasoning_gym"
                                                      else ()):
       _int(errors, f"task.{f}", t[f])
+    if t.name == "files":  # the paths and fields; the rows are read when the run builds it
+      from rlscale.tasks import files
+      errors.extend(files.check(t))
     return  # the text tasks read their data when built: the run builds them
   if t.name != "arithmetic":  # another embedded task: its constructor checks its fields
     try:

@@ -91,6 +91,25 @@ def resolve(spec: str, field: str) -> list[str]:
   return paths
 
 
+def check(cfg: Mapping[str, Any]) -> list[str]:
+  """The errors of a files task's fields that need no reading: the fields named, the paths
+  there, the held-out split chosen (config_validation reports them before any compute)."""
+  errors = []
+  for f in ("prompt_field", "answer_field"):
+    if not isinstance(cfg[f], str) or not cfg[f]:
+      errors.append(f"task.{f}={cfg[f]!r} must name a column of the files")
+  checks = [lambda: resolve(cfg["train_files"], "task.train_files"),
+            lambda: _check_split(cfg["eval_files"], cfg["eval_fraction"])]
+  if cfg["eval_files"]:
+    checks.append(lambda: resolve(cfg["eval_files"], "task.eval_files"))
+  for c in checks:
+    try:
+      c()
+    except ConfigError as e:
+      errors.append(str(e))
+  return errors
+
+
 # --- answers and demonstrations ---
 def last_boxed(text: str) -> str | None:
   """The content of the last \\boxed{...} with balanced braces, else None."""
@@ -196,9 +215,10 @@ def _load_source(path: str, field: str, fields: tuple[str, str], cache_dir: str)
     raise ConfigError(f"task.{which}_field={missing[0]!r} is not a column of {path!r}; its "
                       f"columns: {ds.column_names}")
   ds = ds.select_columns(list(dict.fromkeys(fields)))
-  _column(ds, path, fields[1], "answer", _answer_value)  # every answer is usable
   text = lambda v: v if isinstance(v, str) and v.strip() else None
-  return _Source(path, ds, _column(ds, path, fields[0], "prompt", text))
+  questions = _column(ds, path, fields[0], "prompt", text)
+  _column(ds, path, fields[1], "answer", _answer_value)  # every answer is usable
+  return _Source(path, ds, questions)
 
 
 class _Files:
