@@ -227,6 +227,8 @@ def test_clear_errors_for_paths_fields_and_rows(tmp_path, tokenizer):
   assert msg.startswith("task.answer_field='solution': ") and "row 5 holds None" in msg
   (tmp_path / "broken.jsonl").write_text('{"problem": "a", "solution": "1"}\n{"problem": \n')
   assert "cannot be read as json" in _error(_cfg(str(tmp_path / "broken.jsonl")), tokenizer)
+  (tmp_path / "empty.jsonl").write_text("")
+  assert "empty.jsonl' is empty" in _error(_cfg(str(tmp_path / "empty.jsonl")), tokenizer)
   import datasets
   datasets.DatasetDict(train=datasets.Dataset.from_list(ROWS)).save_to_disk(str(tmp_path / "dd"))
   assert "holds several splits ['train']" in _error(_cfg(str(tmp_path / "dd")), tokenizer)

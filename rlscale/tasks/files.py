@@ -172,6 +172,8 @@ def _quiet_datasets():
 def _read(path: str, field: str, cache_dir: str):
   """One file or save_to_disk folder as a memory-mapped `datasets.Dataset`."""
   kind = _kind(path, field)
+  if kind != "saved" and os.path.getsize(path) == 0:
+    raise ConfigError(f"{field}: {path!r} is empty")
   with _quiet_datasets() as datasets:
     try:
       if kind == "saved":
@@ -196,6 +198,7 @@ class _Source:
 
 
 def _column(ds, path: str, field: str, which: str, as_text) -> list[str]:
+  """Every cell of a column as text, read once; an error naming the first row that has none."""
   values = list(ds[field])
   out = [as_text(v) for v in values]
   bad = [i for i, v in enumerate(out) if v is None]
@@ -298,8 +301,11 @@ class FileTask(TextTask):
     logging.info("task files: %s", self.data_report)
 
   def _load(self, spec: str, field: str) -> _Files:
-    return _Files([_load_source(p, field, self.fields, self._cache.name)
-                   for p in resolve(spec, field)])
+    paths = resolve(spec, field)
+    out = _Files([_load_source(p, field, self.fields, self._cache.name) for p in paths])
+    if not len(out):
+      raise ConfigError(f"{field}: {', '.join(paths)} hold no rows")
+    return out
 
   def _measure(self, files: _Files) -> np.ndarray:
     """Every row's prompt length in tokens (template included), measured once."""
