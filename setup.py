@@ -13,7 +13,8 @@ setup(
     # rlscale.configs, so `rlscale --config=configs/grpo.py` works from any directory.
     packages=find_packages(include=["rlscale", "rlscale.*"]) + ["rlscale.configs"],
     package_dir={"rlscale.configs": "configs"},
-    package_data={"rlscale.data": ["*.json"]},  # the accelerator and published-scaling tables
+    # The accelerator and published-scaling tables; the GSM8K-style prompts of grpo_math.py.
+    package_data={"rlscale.data": ["*.json"], "rlscale.data.gsm8k_style": ["*.jsonl"]},
     install_requires=[
         "jax>=0.10.2",
         "flax>=0.12.8",

@@ -83,3 +83,33 @@ def test_bad_ptx_fields_are_named(coef, rows, unit, match):
   errors = ptx.check({"ptx_coef": coef, "ptx_rows": rows}, unit)
   assert len(errors) == 1 and match in errors[0]
   assert ptx.check({"ptx_coef": 0.0, "ptx_rows": 6}, 4) == []  # off: rows are not used
+
+
+def test_demo_files_give_prompt_and_response_rows_and_skip_long_prompts(tmp_path, mesh1, rules):
+  import json
+  from rlscale.checkpoints.tokenizer import HFTokenizer
+  from rlscale.config_common import task as task_config
+  from rlscale.tasks.files import FileTask, demonstration_pairs
+  from tiny_tokenizer import make_tokenizer_folder
+  tok = HFTokenizer(make_tokenizer_folder(str(tmp_path / "tok")))
+  train = tmp_path / "train.jsonl"
+  train.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"})
+                           + "\n" for i in range(8)))
+  demos = tmp_path / "demos.jsonl"
+  rows = [{"question": f"Add {i} and 2.", "response": f"{i} + 2 = {i + 2}"} for i in range(6)]
+  rows.append({"question": "long " * 400, "response": "never used"})
+  demos.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  cfg = task_config("files")
+  cfg.train_files, cfg.eval_fraction, cfg.demo_files, cfg.max_prompt_len = (
+      str(train), 0.25, str(demos), 64)
+  task = FileTask(cfg, tok)
+  pairs = demonstration_pairs(cfg, task)
+  assert sorted(text for _, text in pairs) == sorted(r["response"] for r in rows[:6])
+  assert all(p.question == f"Add {t.split()[0]} and 2." for p, t in pairs)  # rows stay whole
+  d = ptx.Demonstrations(task, rows=4, max_new_tokens=12, mesh=mesh1, rules=rules, source=pairs)
+  batch = d.batch(first_opt_step=1, opt_steps=2)  # stream rows 4..11: wrap around the 6
+  assert batch.tokens.shape == (8, 64 + 12) and batch.resp_mask.shape == (8, 12)
+  first = [tok.decode(np.asarray(batch.tokens)[i, 64:][np.asarray(batch.resp_mask)[i]])
+           for i in range(8)]
+  want = [pairs[i % 6][1] for i in range(4, 12)]
+  assert [f.replace("<|im_end|>", "") for f in first] == want  # demo + EOS, in stream order

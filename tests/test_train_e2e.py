@@ -113,9 +113,10 @@ class _DiesAtCall:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["grpo.py", "ppo.py"])
-def test_resume_after_a_kill_matches_an_uninterrupted_run(name, tmp_path, monkeypatch):
-  train.main(_config(tmp_path, name=name), str(tmp_path / "straight"))
+@pytest.mark.parametrize("name,arg", [("grpo.py", "tiny"), ("ppo.py", "tiny"),
+                                      ("grpo.py", "tiny,rl.ptx_coef=0.5")])  # PPO-ptx's demos
+def test_resume_after_a_kill_matches_an_uninterrupted_run(name, arg, tmp_path, monkeypatch):
+  train.main(_config(tmp_path, name=name, arg=arg), str(tmp_path / "straight"))
 
   from rlscale.rl import trained
   real_make_update = trained.make_update
@@ -123,10 +124,10 @@ def test_resume_after_a_kill_matches_an_uninterrupted_run(name, tmp_path, monkey
   monkeypatch.setattr(trained, "make_update",
                       lambda *a, **kw: _DiesAtCall(real_make_update(*a, **kw), 3))
   with pytest.raises(KeyboardInterrupt):
-    train.main(_config(tmp_path, name=name), str(tmp_path / "resumed"))
+    train.main(_config(tmp_path, name=name, arg=arg), str(tmp_path / "resumed"))
   monkeypatch.setattr(trained, "make_update", real_make_update)
   assert Checkpointer(str(tmp_path / "resumed" / "checkpoints")).latest_step() == 2
-  train.main(_config(tmp_path, name=name), str(tmp_path / "resumed"))  # the same command again
+  train.main(_config(tmp_path, name=name, arg=arg), str(tmp_path / "resumed"))  # the same again
 
   straight, resumed = _rows(tmp_path / "straight"), _rows(tmp_path / "resumed")
   assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4]  # step 3's partial work was dropped

@@ -100,7 +100,10 @@ def demonstrations(ctx: Context):
   errors = ptx.check(cfg.rl, math.lcm(ctx.plan.shards, ctx.plan.processes))
   if errors:
     raise ConfigError("; ".join(errors))
-  source = ptx.demo_file_pairs(cfg.task, env.task) if cfg.task.get("demo_files") else None
+  source = None
+  if cfg.task.get("demo_files"):
+    from rlscale.tasks.files import demonstration_pairs
+    source = demonstration_pairs(cfg.task, env.task)
   return ptx.Demonstrations(env.task, int(cfg.rl.ptx_rows), int(cfg.rollout.max_new_tokens),
                             env.mesh, env.rules, source)
 

@@ -38,6 +38,7 @@ from rlscale.tasks.text import TextTask
 
 SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 _EVAL_STREAM = 2**32 - 1  # the held-out draw's seed key; epochs of the stream never reach it
+_DEMO_STREAM = 2**32 - 2  # the demonstrations' order (PPO-ptx)
 _CALC = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations: 48/2 = <<48/2=24>>24
 _BOXED = re.compile(r"\\boxed\s*\{")
 
@@ -336,3 +337,28 @@ class FileTask(TextTask):
   def demonstration(self, problem: Problem) -> str:
     meta = problem.meta if isinstance(problem.meta, dict) else {}
     return demonstration_text(meta.get("solution") or problem.answer, problem.answer)
+
+
+def demonstration_pairs(cfg: Mapping[str, Any], task: TextTask) -> list[tuple[Problem, str]]:
+  """(problem, demonstration text) of every row of `task.demo_files` whose prompt fits
+  `task.max_prompt_len` (PPO-ptx, rl/ptx.py), in a seeded order; the prompt in
+  `task.prompt_field`, the response as written in `task.demo_field`. Rows read at once: a
+  demonstration set is small next to the model."""
+  if not isinstance(task, TextTask):
+    raise ConfigError(f"task.demo_files needs a task on text (files, tfds_math, reasoning_gym), "
+                      f"not task.name={cfg['name']!r}; leave it empty for the task's own")
+  fields = (str(cfg["prompt_field"]), str(cfg["demo_field"]))
+  with tempfile.TemporaryDirectory(prefix="rlscale-demos-") as cache:
+    found = _Files([_load_source(p, "task.demo_files", fields, cache)
+                    for p in resolve(cfg["demo_files"], "task.demo_files")])
+    rows = [found.problem(i, fields) for i in range(len(found))]
+  pairs = [(Problem(p.question, "", p.meta), p.meta["solution"]) for p in rows]
+  lengths = task.prompt_lengths([p for p, _ in pairs])
+  fit = [pair for pair, n in zip(pairs, lengths) if n <= task.max_prompt_len]
+  logging.info("task.demo_files: %d rows, %d with prompts over max_prompt_len=%d skipped",
+               len(pairs), len(pairs) - len(fit), task.max_prompt_len)
+  if not fit:
+    raise ConfigError(f"task.demo_files: no prompt of its {len(pairs)} rows fits "
+                      f"task.max_prompt_len={task.max_prompt_len}")
+  order = np.random.default_rng([int(cfg["seed"]), _DEMO_STREAM]).permutation(len(fit))
+  return [fit[i] for i in order]
