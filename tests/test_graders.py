@@ -93,6 +93,18 @@ def test_a_hung_worker_is_killed_and_later_checks_go_on(monkeypatch):
   assert time.monotonic() - start < graders.STARTUP_S
 
 
+def test_a_worker_that_cannot_start_scores_zero_and_says_so(monkeypatch, caplog):
+  monkeypatch.setattr(graders, "_POOL", None)  # a pool of its own, restored afterwards
+  monkeypatch.setattr(graders, "_WARNED", False)
+  monkeypatch.setattr(graders.sys, "executable", "/bin/false")
+  grader = make()
+  start = time.monotonic()
+  assert grader("\\boxed{\\frac12}", "0.5") == Score(0.0, False)
+  assert time.monotonic() - start < 10
+  assert "did not start" in caplog.text
+  graders._pool().close()
+
+
 def test_concurrent_callers_get_their_own_answers():
   grader = make()
   pairs = [(f"\\boxed{{\\frac{{{k}}}{{7}}}}", f"{k}/7" if k % 2 else f"{k + 1}/7")
@@ -161,6 +173,14 @@ def test_bad_config_is_refused_naming_the_field(fields, message):
   cfg.update(fields)
   with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("'", "'")):
     graders.make(cfg)
+
+
+def test_math_without_math_verify_is_refused(monkeypatch):
+  real = graders.importlib.util.find_spec
+  monkeypatch.setattr(graders.importlib.util, "find_spec",
+                      lambda name, *a: None if name == "math_verify" else real(name, *a))
+  with pytest.raises(ValueError, match="task.grader='math' needs the math-verify package"):
+    make("math")
 
 
 @pytest.mark.parametrize("name", graders.NAMES)

@@ -166,6 +166,9 @@ _CACHE_LOCK = threading.Lock()
 
 
 # --- the worker processes ---
+_WARNED = False  # whether a worker's failure to start was logged
+
+
 class _Dead(Exception):
   """The worker missed its deadline, died, or broke the protocol."""
 
@@ -214,9 +217,7 @@ class _Worker:
         self.stop()
         self.start()
       if not self.ready:
-        if self._line(time.monotonic() + STARTUP_S) != b"ready":
-          raise _Dead("not ready")
-        self.ready = True
+        self._await_ready()
       message = json.dumps([gold, answer, SOFT_SHARE * timeout_s]).encode() + b"\n"
       self._write(message)
       reply = self._line(time.monotonic() + timeout_s)
@@ -228,6 +229,20 @@ class _Worker:
       self.stop()
       self.start()  # imports while the caller goes on
       return False
+
+  def _await_ready(self) -> None:
+    try:
+      if self._line(time.monotonic() + STARTUP_S) == b"ready":
+        self.ready = True
+        return
+    except _Dead:
+      pass
+    global _WARNED
+    if not _WARNED:  # every math check scores 0 until a worker starts: say so once
+      _log.warning("a math grader worker did not start (%s -c ...): checks score 0",
+                   sys.executable)
+      _WARNED = True
+    raise _Dead("not ready")
 
   def _write(self, data: bytes) -> None:
     fd = self.proc.stdin.fileno()
