@@ -221,12 +221,16 @@ class RLTrainer:
   def finish(self, counters: dict[str, Any], last_eval: dict[str, float]) -> dict[str, Any]:
     """Export the policy and write summary.json."""
     tok = self.env.task.tokenizer  # ids the base checkpoint lacks; its own ones win
-    hf.save_policy(nnx.merge(self.graphdef, self.actor.params),
-                   os.path.join(self.workdir, "policy"), bos_id=getattr(tok, "bos_id", None),
-                   eos_ids=tok.eos_ids, pad_id=tok.pad_id)
+    folder = os.path.join(self.workdir, "policy")
+    hf.save_policy(nnx.merge(self.graphdef, self.actor.params), folder,
+                   bos_id=getattr(tok, "bos_id", None), eos_ids=tok.eos_ids, pad_id=tok.pad_id)
+    if self.cfg.model.hf_checkpoint:  # the export chats as its source: its tokenizer beside it
+      hf.copy_tokenizer(self.cfg.model.hf_checkpoint, folder)
     out = summary.summarize(self.cfg, self.workdir, counters, last_eval, self.plan)
     if self.generation_fit:
       out["generation_batch_fit"] = self.generation_fit
+    if getattr(self.env.task, "data_report", None):  # prompt files: rows read, skipped, used
+      out["data"] = self.env.task.data_report
     out["compilations"] = summary.compilations(self.workdir, {
         **{n: m.update.traces for n, m in self.algo.models.items()},
         "sampler": self.sampler.traces})

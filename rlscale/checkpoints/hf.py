@@ -471,3 +471,20 @@ def _write_metadata(folder, cfg, source, extra_config, out_dtype, names, files) 
     total = sum(int(np.prod(shape)) * out_dtype.itemsize for specs in files for _, shape, _ in specs)
     with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
       json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+
+
+# What a checkpoint's tokenizer is made of (transformers, vLLM and rlscale read these).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja", "vocab.json", "merges.txt", "added_tokens.json")
+
+
+def copy_tokenizer(source: str, folder: str) -> list[str]:
+  """Copy the tokenizer files of checkpoint `source` into an exported policy `folder` (process
+  0 writes), so that the export loads and chats as its source did; the names copied."""
+  import shutil
+  names = [n for n in TOKENIZER_FILES if os.path.isfile(os.path.join(source, n))]
+  if jax.process_index() == 0:
+    os.makedirs(folder, exist_ok=True)
+    for n in names:
+      shutil.copyfile(os.path.join(source, n), os.path.join(folder, n))
+  return names
