@@ -155,6 +155,8 @@ def _math(response: str, reference: str, timeout_s: float) -> bool:
       _CACHE.move_to_end(key)
       return _CACHE[key]
   ok = _pool().check(gold, answer, timeout_s)
+  if ok is None:  # out of time (or a dead worker): 0 now, but not remembered, since a loaded
+    return False  # machine can time out a check that an idle one answers
   with _CACHE_LOCK:
     _CACHE[key] = ok
     while len(_CACHE) > CACHE_SIZE:
@@ -211,8 +213,9 @@ class _Worker:
     self.selector.close()
     self.proc = self.selector = None
 
-  def check(self, gold: str, answer: str, timeout_s: float) -> bool:
-    """The worker's verdict; past `timeout_s` (or on any failure) the process is replaced."""
+  def check(self, gold: str, answer: str, timeout_s: float) -> bool | None:
+    """The worker's verdict, None when it ran out of time; past `timeout_s` (or on any
+    failure) the process is replaced."""
     try:
       if self.proc is None or self.proc.poll() is not None:
         self.stop()
@@ -222,14 +225,14 @@ class _Worker:
       message = json.dumps([gold, answer, SOFT_SHARE * timeout_s]).encode() + b"\n"
       self._write(message)
       reply = self._line(time.monotonic() + timeout_s)
-      if reply not in (b"0", b"1"):
+      if reply not in (b"0", b"1", b"t"):
         raise _Dead(f"reply {reply!r}")
-      return reply == b"1"
+      return None if reply == b"t" else reply == b"1"
     except (_Dead, OSError, ValueError) as e:
       _log.debug("grader worker replaced: %s", e)
       self.stop()
       self.start()  # imports while the caller goes on
-      return False
+      return None
 
   def _await_ready(self) -> None:
     try:
@@ -293,7 +296,7 @@ class _Pool:
     finally:
       self.free.put(w)
 
-  def check(self, gold: str, answer: str, timeout_s: float) -> bool:
+  def check(self, gold: str, answer: str, timeout_s: float) -> bool | None:
     w = self._take()
     try:
       return w.check(gold, answer, timeout_s)
@@ -333,7 +336,8 @@ class _SoftTimeout(BaseException):
 
 
 def serve() -> None:
-  """A worker's loop: [reference, answer, soft limit] as one JSON line in, '1' or '0' out."""
+  """A worker's loop: [reference, answer, soft limit] as one JSON line in, '1', '0' or 't'
+  (out of time) out."""
   import resource
   import signal
   protocol = os.fdopen(os.dup(1), "w")
@@ -355,7 +359,7 @@ def serve() -> None:
     raise _SoftTimeout()
   signal.signal(signal.SIGALRM, interrupt)
   for line in sys.stdin:
-    protocol.write("1\n" if _one(equal, line) else "0\n")
+    protocol.write({True: "1\n", False: "0\n", None: "t\n"}[_one(equal, line)])
     protocol.flush()
 
 
@@ -363,8 +367,8 @@ _WARM_UP = (("\\frac{1}{2}", "0.5"), ("(x+1)^2", "x^2+2x+1"), ("[0,1)", "\\{1,2\
             ("\\sqrt{2}/2", "50\\%"))
 
 
-def _one(equal: Callable[[str, str], bool], line: str) -> bool:
-  """One request; the soft timer, a MemoryError or anything else gives False."""
+def _one(equal: Callable[[str, str], bool], line: str) -> bool | None:
+  """One request; None when the soft timer fires, False on a MemoryError or anything else."""
   import signal
   try:
     try:
@@ -373,6 +377,8 @@ def _one(equal: Callable[[str, str], bool], line: str) -> bool:
       return bool(equal(gold, answer))
     finally:
       signal.setitimer(signal.ITIMER_REAL, 0)
+  except _SoftTimeout:
+    return None
   except BaseException:
     return False
 

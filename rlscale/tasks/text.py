@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from rlscale.tasks.base import Problem, Score, Task, Tokenizer
-from rlscale.tasks.verifiers import final_answer, same_answer
+from rlscale.tasks import graders
 
 INSTRUCTION = "Put the final answer in \\boxed{}."
 
@@ -36,6 +36,10 @@ class TextTask(Task):
     self.instruction = INSTRUCTION if instruction is None else instruction
     thinking = cfg.get("enable_thinking", None)
     self.enable_thinking = None if thinking is None else bool(thinking)
+    # task.grader (tasks/graders.py); configs older than the field graded as 'numeric' does
+    self.grade = graders.make({"grader": cfg.get("grader", "numeric"),
+                               "grader_regex": cfg.get("grader_regex", ""),
+                               "grader_timeout_s": cfg.get("grader_timeout_s", 2.0)})
 
   # --- what a source provides ---
   _train_size: int
@@ -86,8 +90,8 @@ class TextTask(Task):
     return f"\\boxed{{{problem.answer}}}"
 
   def verify(self, response: str, problem: Problem) -> Score:
-    ok = same_answer(final_answer(response), problem.answer)
-    return Score(float(ok), ok)
+    """The configured grader's score of the response against the reference answer."""
+    return self.grade(response, problem.answer)
 
   def _fits(self, p: Problem) -> bool:
     return len(self.prompt_ids(p)) <= self.max_prompt_len
