@@ -353,6 +353,8 @@ def test_eos_ids_are_the_checkpoints_stop_tokens(pair, folders, family):
   assert list(want) == transformers.GenerationConfig.from_pretrained(folders[family]).eos_token_id
   bos = FAMILIES[family][3]["bos_token"]
   assert ours.bos_id == (ours._tok.token_to_id(bos) if bos else None)
+  turn_end = "<|im_end|>" if family.startswith("qwen") else "<|eot_id|>"
+  assert ours.eos_id == ours._tok.token_to_id(turn_end)  # llama3.1: not eos_ids[0]
 
 
 @pytest.mark.parametrize("family,fallback", [("qwen3", "<|im_end|>"), ("llama3.1", "<|eot_id|>")])

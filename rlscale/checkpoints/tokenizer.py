@@ -129,6 +129,12 @@ class HFTokenizer:
     self.eos_token = self.special_tokens.get("eos_token")
     self.bos_id: int | None = self._tok.token_to_id(self.bos_token) if self.bos_token else None
     self.eos_ids: tuple[int, ...] = _eos_ids(folder, gen, self.eos_token, self._tok)
+    # The one stop token that ends a turn (what a demonstration should end with): the
+    # eos_token's id where the model stops on it (Llama 3.1: <|eot_id|>, not eos_ids[0]
+    # <|end_of_text|>), else the first stop id.
+    eos_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
+    self.eos_id: int | None = (eos_id if eos_id in self.eos_ids else
+                               self.eos_ids[0] if self.eos_ids else None)
     pad = self.special_tokens.get("pad_token")
     pad_id = self._tok.token_to_id(pad) if pad is not None else None
     self.pad_id: int = pad_id if pad_id is not None else (self.eos_ids[0] if self.eos_ids else 0)
