@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rlscale.models import memory
 from rlscale.models.config import ModelConfig
 from rlscale.sharding import constrain
 from rlscale.models.layers import (Block, _param, c, dense, positions_from_mask, rms_norm,
@@ -41,8 +42,17 @@ class Decoder(nnx.Module):
   def final(self, x: jax.Array) -> jax.Array:
     return rms_norm(x, self.final_norm[...], self.cfg.rms_eps)
 
-  def __call__(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, return_kv: bool = False):
-    """Final-normed hidden states [B, T, E] of left-padded rows (and every layer's k, v)."""
+  def __call__(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, return_kv: bool = False,
+               remat: str = "none"):
+    """Final-normed hidden states [B, T, E] of left-padded rows (and every layer's k, v).
+
+    `remat` (train.remat, models/memory.py) rematerializes each block in the backward pass;
+    for training only: its blocks return no k, v.
+    """
+    if remat != "none":
+      if return_kv:
+        raise ValueError("Decoder: return_kv needs remat='none' (a training forward keeps no k, v)")
+      return self._run_remat(tokens_BxT, mask_BxT, memory.remat_policy(remat))
     x, kvs = self._run(tokens_BxT, mask_BxT, last_only=False)
     return (x, kvs) if return_kv else x
 
@@ -65,6 +75,22 @@ class Decoder(nnx.Module):
       kvs.append(kv)
     return self.final(x), kvs
 
+  def _run_remat(self, tokens_BxT, mask_BxT, policy):
+    """The training forward with each block rematerialized under `policy` (memory.remat): the
+    block's parameters enter the rematerialized function as arguments (an nnx split), so the
+    backward pass recomputes from them and the block's input what the policy did not save."""
+    cos, sin = self.rope(positions_from_mask(mask_BxT))
+    attn_mask = causal_mask(mask_BxT)
+    x = self.embed_tokens(tokens_BxT)
+    for layer in self.layers:
+      graphdef, state = nnx.split(layer)
+
+      def block(state, x, cos, sin, attn_mask, graphdef=graphdef):
+        return nnx.merge(graphdef, state)(x, cos, sin, attn_mask)[0]
+
+      x = memory.remat(block, policy)(state, x, cos, sin, attn_mask)
+    return self.final(x)
+
 
 class CausalLM(nnx.Module):
   """The policy: the backbone and a language-model head (tied to the embedding or not)."""
@@ -76,14 +102,18 @@ class CausalLM(nnx.Module):
                     _param(rngs, (cfg.d_model, cfg.vocab_size), cfg.weight_dtype, ("embed", "vocab"),
                            cfg.init_std))
 
-  def logits(self, hidden: jax.Array) -> jax.Array:
-    """float32 logits [..., V] of final-normed hidden states [..., E]."""
+  def head(self) -> tuple[jax.Array, bool]:
+    """The output head in the compute dtype and whether it is [V, E] (the tied embedding)
+    rather than [E, V]."""
     dt = self.cfg.compute_dtype
     if self.lm_head is None:
-      head = self.model.embed[...].astype(dt).T
-    else:
-      head = self.lm_head[...].astype(dt)
-    out = dense(hidden, head, preferred_element_type=jnp.float32)
+      return self.model.embed[...].astype(dt), True
+    return self.lm_head[...].astype(dt), False
+
+  def logits(self, hidden: jax.Array) -> jax.Array:
+    """float32 logits [..., V] of final-normed hidden states [..., E]."""
+    head, vocab_first = self.head()
+    out = dense(hidden, head.T if vocab_first else head, preferred_element_type=jnp.float32)
     return c(out, "act_vocab")
 
   def __call__(self, tokens_BxT: jax.Array, mask_BxT: jax.Array) -> jax.Array:
@@ -96,11 +126,20 @@ class CausalLM(nnx.Module):
     """
     return self.logits(self.model(tokens_BxT, mask_BxT)[:, -n - 1:-1])
 
-  def token_logprobs(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, start: int) -> jax.Array:
+  def response_logprobs(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, n: int,
+                        chunk: int = 0, remat: str = "none") -> tuple[jax.Array, jax.Array]:
+    """float32 log p of the last n tokens and the entropy of the softmax that predicts each,
+    [B, n] each, without [B, n, V] logits when `chunk` > 0 (models/memory.py); `remat`
+    rematerializes the blocks for the backward pass."""
+    hidden = self.model(tokens_BxT, mask_BxT, remat=remat)[:, -n - 1:-1]
+    head, vocab_first = self.head()
+    return memory.logprobs_and_entropy(hidden, head, tokens_BxT[:, -n:], chunk, vocab_first)
+
+  def token_logprobs(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, start: int,
+                     chunk: int = 0) -> jax.Array:
     """log p(tokens[:, t] | tokens[:, :t]) for t >= start, float32 [B, T - start]."""
     n = tokens_BxT.shape[1] - start
-    logp = jax.nn.log_softmax(self.response_logits(tokens_BxT, mask_BxT, n), axis=-1)
-    return jnp.take_along_axis(logp, tokens_BxT[:, start:, None], axis=-1)[..., 0]
+    return self.response_logprobs(tokens_BxT, mask_BxT, n, chunk)[0]
 
 
 class ValueModel(nnx.Module):
@@ -112,12 +151,13 @@ class ValueModel(nnx.Module):
     self.value_head = _param(rngs, (cfg.d_model,), cfg.weight_dtype, ("embed",), cfg.init_std)
     self.value_bias = _param(rngs, (), cfg.weight_dtype, (), 0.0)
 
-  def __call__(self, tokens_BxT: jax.Array, mask_BxT: jax.Array) -> jax.Array:
+  def __call__(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, remat: str = "none") -> jax.Array:
     """float32 values [B, T], one per position."""
-    hidden = self.model(tokens_BxT, mask_BxT)
+    hidden = self.model(tokens_BxT, mask_BxT, remat=remat)
     v = dense(hidden, self.value_head[...].astype(hidden.dtype), preferred_element_type=jnp.float32)
     return v + self.value_bias[...].astype(jnp.float32)
 
-  def response_values(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, n: int) -> jax.Array:
+  def response_values(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, n: int,
+                      remat: str = "none") -> jax.Array:
     """float32 [B, n]: V of the state before each of the last n tokens."""
-    return self(tokens_BxT, mask_BxT)[:, -n - 1:-1]
+    return self(tokens_BxT, mask_BxT, remat)[:, -n - 1:-1]
