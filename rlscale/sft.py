@@ -21,7 +21,6 @@ from rlscale.checkpoints import hf
 from rlscale.evaluation import Evaluator
 from rlscale.loop import Loop, Pending
 from rlscale.metrics_writer import write_json
-from rlscale.rl.losses import entropy
 from rlscale.rl.update import SequenceBatch, TokenInputs, TrainState, make_update, policy_forward
 from rlscale.tasks.base import left_pad, right_pad
 
@@ -30,7 +29,7 @@ DONE = "COMPLETE"  # marker file written last into a finished policy folder
 
 def nll_loss(inputs: TokenInputs):
   """Cross-entropy of the demonstration tokens."""
-  return -inputs.logp, {"nll": -inputs.logp, "entropy": entropy(inputs.logits)}
+  return -inputs.logp, {"nll": -inputs.logp, "entropy": inputs.entropy}
 
 
 def demonstrations(task, problems):
@@ -61,7 +60,9 @@ class SFTTrainer:
     optimizer, _ = optim.make(cfg.optim, batch=self.batch_size,
                               total_responses=self.plan.total_responses,
                               responses_per_step=self.batch_size)
-    self.update = make_update(policy_forward(self.graphdef), optimizer, nll_loss,
+    forward = policy_forward(self.graphdef, chunk=cfg.train.get("logprob_chunk", 0),
+                             remat=cfg.train.get("remat", "none"))
+    self.update = make_update(forward, optimizer, nll_loss,
                               num_minibatches=1, num_epochs=1,
                               microbatch=self.plan.main.microbatch, aggregation="token-mean",
                               max_len=env.task.max_answer_len, mesh=env.mesh, rules=env.rules,

@@ -33,7 +33,8 @@ class GRPO:
   def __init__(self, ctx: algorithm.Context):
     r = ctx.cfg.rl
     self.rl = r
-    forward = policy_forward(ctx.graphdef)
+    forward = policy_forward(ctx.graphdef, chunk=ctx.cfg.train.get("logprob_chunk", 0),
+                             remat=ctx.cfg.train.get("remat", "none"))
     self.actor = algorithm.trained_model(ctx, "actor", forward, make_policy_loss(r), ctx.params,
                                          ctx.cfg.optim)
     self.models = {"actor": self.actor}

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
-from rlscale.rl.losses import KL_ESTIMATORS, clipped_surrogate, decoupled_surrogate, entropy
+from rlscale.rl.losses import KL_ESTIMATORS, clipped_surrogate, decoupled_surrogate
 from rlscale.rl.update import TokenInputs
 
 
@@ -36,7 +36,7 @@ def make_policy_loss(rl: Mapping[str, Any], kl_in_loss: bool = True):
       pg, clipped = decoupled_surrogate(inp.logp, behav, inp.prox_logp, adv, eps_low, eps_high,
                                         dual)
     log_ratio = inp.logp - behav
-    ent = entropy(inp.logits)
+    ent = inp.entropy
     metrics = {"pg_loss": pg, "clip_frac": clipped.astype(jnp.float32),
                "approx_kl": 0.5 * jnp.square(log_ratio),  # k2 of the behaviour policy
                "ratio": jnp.exp(log_ratio), "entropy": ent}

@@ -97,7 +97,8 @@ class PPO:
     cfg = ctx.cfg
     r, c, env = cfg.rl, cfg.critic, ctx.env
     self.rl, self.warmup_steps = r, c.warmup_steps
-    forward = policy_forward(ctx.graphdef)
+    forward = policy_forward(ctx.graphdef, chunk=ctx.cfg.train.get("logprob_chunk", 0),
+                             remat=ctx.cfg.train.get("remat", "none"))
     self.actor = algorithm.trained_model(ctx, "actor", forward, make_policy_loss(r, False),
                                          ctx.params, cfg.optim, prox_com=self.prox_com)
     critic, _ = hf.load_model(c.hf_checkpoint or ctx.base, models.ValueModel, env.mesh,
