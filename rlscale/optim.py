@@ -15,11 +15,13 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
+import jax
 import jax.numpy as jnp
 import optax
 
 RULES = ("none", "linear", "sqrt")
 SCHEDULES = ("constant", "cosine", "linear")
+STATE_DTYPES = ("", "float32")  # optim.state_dtype: '' keeps the parameters' dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +76,9 @@ def check(cfg: Mapping[str, Any], prefix: str = "optim") -> list[str]:
   number("b1", "in [0, 1)", lambda v: 0 <= v < 1, 0.9)
   number("b2", "in [0, 1)", lambda v: 0 <= v < 1, 0.999)
   number("eps", "> 0", lambda v: v > 0, 1e-8)
+  if cfg.get("state_dtype", "") not in STATE_DTYPES:
+    errors.append(f"{prefix}.state_dtype={cfg['state_dtype']!r}; known: '' (the parameters' "
+                  f"dtype), 'float32'")
   return errors
 
 
@@ -115,11 +120,36 @@ def make(cfg: Mapping[str, Any], *, batch: float, total_responses: float,
   step (batch / num_epochs); `total_responses`: the run's length, where decay ends.
   """
   s = scale(cfg, batch)
-  adam = optax.inject_hyperparams(optax.adamw)(
+  # float32 hyperparameters whatever the parameters' dtype: optax would keep them in it, and
+  # b2 = 0.999 rounds to 1.0 in bfloat16, whose bias correction 1 - b2^t = 0 makes every
+  # update NaN (float32 parameters: unchanged).
+  adam = optax.inject_hyperparams(optax.adamw, hyperparam_dtype=jnp.float32)(
       learning_rate=schedule(cfg, s.lr, total_responses, responses_per_step), b1=s.b1, b2=s.b2,
       eps=s.eps, weight_decay=float(cfg.get("weight_decay", 0.0)))
   clip = cfg.get("grad_clip", 0.0)
-  return (optax.chain(optax.clip_by_global_norm(clip), adam) if clip else adam), s
+  opt = optax.chain(optax.clip_by_global_norm(clip), adam) if clip else adam
+  state_dtype = cfg.get("state_dtype", "")
+  if state_dtype not in STATE_DTYPES:
+    raise ValueError(f"optim.state_dtype={state_dtype!r}; known: '', 'float32'")
+  return (in_dtype(opt, jnp.dtype(state_dtype)) if state_dtype else opt), s
+
+
+def in_dtype(inner: optax.GradientTransformation, dtype) -> optax.GradientTransformation:
+  """`inner` computed in `dtype` whatever the parameters' dtype: gradients and parameters are
+  cast to it, so Adam's moments live in it (float32 moments of bfloat16 parameters: a bf16
+  second moment loses the small squared gradients); each update is cast back to its
+  gradient's dtype before it is applied. The state is `inner`'s own, so `hyperparams` reads it.
+  """
+  cast = lambda tree: jax.tree.map(lambda x: x.astype(dtype), tree)
+
+  def init(params):
+    return inner.init(cast(params))
+
+  def update(updates, state, params=None):
+    out, state = inner.update(cast(updates), state, None if params is None else cast(params))
+    return jax.tree.map(lambda u, g: u.astype(g.dtype), out, updates), state
+
+  return optax.GradientTransformation(init, update)
 
 
 def hyperparams(opt_state) -> dict[str, Any]:
