@@ -72,7 +72,9 @@ class Demonstrations:
     tok = self.task.tokenizer
     pairs = self.pairs(start, n)
     prompts = [self.task.prompt_ids(p) for p, _ in pairs]
-    answers = [tok.encode(text) + [tok.eos_ids[0]] for _, text in pairs]
+    stop = getattr(tok, "eos_id", None)  # the turn's own end (Llama 3.1: <|eot_id|>)
+    stop = tok.eos_ids[0] if stop is None else stop
+    answers = [tok.encode(text) + [stop] for _, text in pairs]
     cut = sum(len(a) > self.max_new_tokens for a in answers)
     if cut and not self.cut:
       logging.warning("ptx: %d of %d demonstrations exceed rollout.max_new_tokens=%d and are "
