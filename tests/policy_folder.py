@@ -1,7 +1,7 @@
 """Hugging Face policy folders with random weights, written by the tests (nothing downloaded).
 
 `write_policy_folder` writes config.json, safetensors, tokenizer.json, tokenizer_config.json
-(with a chat template) and generation_config.json: what a Qwen2.5 Instruct checkpoint ships.
+(with Qwen2.5 Instruct's chat template) and generation_config.json: what such a checkpoint ships.
 With `real_vocab` the tokenizer has Qwen2.5's 151,643 ordinary tokens (a small trained
 byte-level BPE padded with unreachable filler tokens) and its special tokens at Qwen's ids:
 <|endoftext|> 151643, <|im_start|> 151644, <|im_end|> 151645; the model has 151,936 rows.
@@ -15,12 +15,18 @@ import jax.numpy as jnp
 
 QWEN_ORDINARY = 151_643  # ids below the special tokens in Qwen2.5's tokenizer.json
 QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "chat_templates",
+                       "qwen2_5_instruct.jinja")) as _f:
+  CHAT_TEMPLATE = _f.read()  # Qwen2.5 Instruct's own (its default system message included)
+_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rlscale",
+                     "data", "gsm8k_style")
 CORPUS = ["What is 12 + 30? The answer is 42.", "Compute 7 * 6 and explain step by step.",
-          "Tom has 5 apples and buys 3 more. How many apples does he have now?",
+          "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
+          "Let's think step by step and output the final answer within \\boxed{}.",
           "The final answer is \\boxed{8}. Each pack holds 12 marbles; 3 packs hold 36."] * 20
+for _name in ("train.jsonl", "test.jsonl"):  # word problems: prompts of a realistic length
+  with open(os.path.join(_DATA, _name)) as _f:
+    CORPUS += [json.loads(line)["question"] for line in _f]
 
 
 def _bpe(vocab_size: int, ordinary: int | None):
@@ -45,7 +51,7 @@ def _bpe(vocab_size: int, ordinary: int | None):
 
 def write_tokenizer(folder: str, real_vocab: bool = False) -> dict[str, int]:
   """tokenizer.json, tokenizer_config.json and generation_config.json; the special ids."""
-  tok = _bpe(300, QWEN_ORDINARY if real_vocab else None)
+  tok = _bpe(1000, QWEN_ORDINARY if real_vocab else None)
   os.makedirs(folder, exist_ok=True)
   tok.save(os.path.join(folder, "tokenizer.json"))
   ids = {t: tok.token_to_id(t) for t in QWEN_SPECIALS}
