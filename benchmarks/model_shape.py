@@ -16,12 +16,13 @@ flags.DEFINE_bool("tied", True, "tie the output head to the embedding")
 FLAGS = flags.FLAGS
 
 
-def model_config(dtype: str):
-  """The ModelConfig of the shape flags, in `dtype` (activations and parameters)."""
+def model_config(dtype: str, param_dtype: str = ""):
+  """The ModelConfig of the shape flags: activations in `dtype`, parameters in `param_dtype`
+  (empty: `dtype`)."""
   from rlscale import models
   return models.ModelConfig(
       family=FLAGS.family, vocab_size=FLAGS.vocab, d_model=FLAGS.d_model,
       num_layers=FLAGS.layers, num_heads=FLAGS.heads, num_kv_heads=FLAGS.kv_heads,
       head_dim=FLAGS.head_dim, mlp_dim=FLAGS.mlp_dim, tie_embeddings=FLAGS.tied,
       qkv_bias=FLAGS.family == "qwen2", qk_norm=FLAGS.family == "qwen3", dtype=dtype,
-      param_dtype=dtype)
+      param_dtype=param_dtype or dtype)

@@ -18,6 +18,16 @@ critic's) 'auto', what users get, and the line says what it chose. Times are med
 `update_tflops_per_s` is the update's model FLOPs (rlscale/flops.py, the trainer's own count)
 over its time, and `matmul_tflops_per_s` a jitted 2048x2048 matmul of --dtype measured in the
 same process, the machine's reference; `update_fraction_of_matmul` is their ratio.
+
+Memory (issue 15): --remat, --logprob_chunk, --param_dtype and --state_dtype set train.remat,
+train.logprob_chunk, model.param_dtype and optim.state_dtype (the critic's too). `memory`
+gives per phase (generate, logprobs, actor_update, critic_update) XLA's analysis of the
+phase's compiled call per device (arguments, outputs, temporaries, total) and, over the timed
+steps, the host's peak RSS during the phase and the device's running peak at its end where the
+backend reports one (rlscale/memory_report.py). The generate phase runs from the decode's
+dispatch to its results (the trainer awaits them first when it completes the step); to measure
+the others on their own, each blocks until its results are ready (--phase_memory, the
+default), as all but the actor's update already do; its time is counted as before.
 """
 
 from __future__ import annotations
@@ -51,6 +61,12 @@ flags.DEFINE_integer("sampler_devices", 0, "split: devices that sample (mesh.sam
 flags.DEFINE_list("sampler_mesh", ["-1", "1", "1"], "split: the sampler's data,fsdp,tensor")
 flags.DEFINE_bool("overlap", False, "rollout.overlap: generate step N+1 while step N trains")
 flags.DEFINE_integer("matmul", 2048, "side of the reference matmul (0: skip it)")
+flags.DEFINE_enum("remat", None, ["none", "full", "dots"], "train.remat (default: the config's)")
+flags.DEFINE_integer("logprob_chunk", None, "train.logprob_chunk: vocabulary columns per chunk, "
+                     "0 the whole vocabulary (default: the config's)")
+flags.DEFINE_string("param_dtype", "", "model.param_dtype (empty: --dtype)")
+flags.DEFINE_string("state_dtype", "", "optim.state_dtype: Adam's moments ('' the parameters')")
+flags.DEFINE_bool("phase_memory", True, "per-phase memory figures (each phase blocks at its end)")
 
 
 def bench_task(vocab: int, prompt_len: int, num_eval: int = 8):
@@ -102,7 +118,15 @@ def run_config(workdir: str):
   cfg = config_files.load(f"configs/{FLAGS.algorithm}.py")
   cfg.model.update(vocab_size=FLAGS.vocab, d_model=FLAGS.d_model, num_layers=FLAGS.layers,
                    num_heads=FLAGS.heads, num_kv_heads=FLAGS.kv_heads, head_dim=FLAGS.head_dim,
-                   mlp_dim=FLAGS.mlp_dim, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype)
+                   mlp_dim=FLAGS.mlp_dim, dtype=FLAGS.dtype,
+                   param_dtype=FLAGS.param_dtype or FLAGS.dtype)
+  if FLAGS.remat is not None:
+    cfg.train.remat = FLAGS.remat
+  if FLAGS.logprob_chunk is not None:
+    cfg.train.logprob_chunk = FLAGS.logprob_chunk
+  cfg.optim.state_dtype = FLAGS.state_dtype
+  if "critic" in cfg:
+    cfg.critic.optim.state_dtype = FLAGS.state_dtype
   cfg.mesh.shape = [int(s) for s in FLAGS.mesh]
   cfg.mesh.roles, cfg.mesh.sampler_devices = FLAGS.roles, FLAGS.sampler_devices
   cfg.mesh.sampler_shape = [int(s) for s in FLAGS.sampler_mesh]
@@ -126,7 +150,8 @@ def base_checkpoint(cfg, env, folder: str) -> None:
   import jax
   from rlscale import models
   from rlscale.checkpoints import hf
-  policy = models.create_sharded(models.CausalLM, model_shape.model_config(FLAGS.dtype),
+  policy = models.create_sharded(models.CausalLM,
+                                 model_shape.model_config(FLAGS.dtype, FLAGS.param_dtype),
                                  env.mesh, env.rules, jax.random.key(0))
   hf.save_policy(policy, folder, pad_id=0)
 
@@ -162,11 +187,82 @@ def matmul_tflops(n: int, dtype: str) -> float:
 
 def peak_memory() -> dict[str, float]:
   import jax
-  out = {"host_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+  from rlscale import memory_report
+  out = {"host_peak_rss_gb": max(memory_report.host_peak_rss(),
+                                 resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2**30}
   stats = jax.devices()[0].memory_stats() or {}
   if "peak_bytes_in_use" in stats:
     out["device_peak_gb"] = stats["peak_bytes_in_use"] / 2**30
   return out
+
+
+def instrument(trainer):
+  """Make each phase of the trainer's steps a measured one (memory_report.PhaseMemory, the two
+  warm-up steps skipped) and keep what the compiled calls' analysis needs: the last batch the
+  algorithm prepared, and each trained model's update call wrapped in a Recorder."""
+  import jax
+  from rlscale import memory_report
+  phases = memory_report.PhaseMemory(skip=2)
+  seen = {}
+  begin, complete = trainer.begin, trainer.complete
+
+  def begin_generate(step):  # the decode is dispatched here and awaited first in `complete`
+    phases.start("generate")
+    return begin(step)
+
+  def complete_after_generate(step, b, t_start):
+    jax.block_until_ready(b.rollout)
+    phases.stop("generate")
+    return complete(step, b, t_start)
+
+  trainer.begin, trainer.complete = begin_generate, complete_after_generate
+  prepare = trainer.algo.prepare
+
+  def keep_batch(batch, *args):
+    seen["batch"] = batch
+    return prepare(batch, *args)
+
+  trainer.algo.prepare = keep_batch
+  phases.wrap(trainer.algo, "prepare", "logprobs")
+  for name, model in trainer.algo.models.items():
+    step = model.step
+
+    def recorded(*args, model=model, step=step):
+      out = step(*args)
+      if not isinstance(model.update._jitted, memory_report.Recorder):
+        model.update._jitted = memory_report.Recorder(model.update._jitted)
+      return out
+
+    model.step = recorded
+    phases.wrap(model, "step", f"{name}_update", block=lambda out, m=model: (out, m.state))
+  return phases, seen
+
+
+def phase_memory(trainer, phases, seen) -> dict[str, dict[str, float]]:
+  """Per phase: the compiled call's memory analysis (GiB per device) beside the runtime peaks."""
+  from rlscale import memory_report, sharding
+  from rlscale.sampling import decode, memory_fit
+  gib = memory_report.GIB
+  out = {name: dict(figs) for name, figs in phases.figures().items()}
+  n, sampler = trainer.plan.generation_batch, trainer.sampler
+  group = decode.shared_prefill(trainer.plan.group_size, n, n,
+                                sharding.batch_divisor(sampler.mesh, sampler.rules))
+  call = memory_fit.call_bytes(sampler, trainer.sampler_params, FLAGS.prompt_len, n, group)
+  compiled = {"generate": {"arguments": call.arguments, "outputs": call.outputs,
+                           "temp": call.temp, "total": call.total}}
+  logprobs = getattr(trainer.algo, "logprobs", None)
+  if "batch" in seen and hasattr(logprobs, "lower"):  # run or not, what the forward needs
+    compiled["logprobs"] = memory_report.compiled_memory(
+        logprobs.lower(trainer.actor.params, seen["batch"]).compile())
+  for name, model in trainer.algo.models.items():
+    if isinstance(model.update._jitted, memory_report.Recorder):
+      compiled[f"{name}_update"] = model.update._jitted.memory()
+  for name, m in compiled.items():
+    row = out.setdefault(name, {"ran": False})
+    row.update({f"compiled_{k}_gb": m[k] / gib for k in ("arguments", "outputs", "temp", "total")
+                if k in m})
+  return {k: {f: round(v, 4) if isinstance(v, float) else v for f, v in row.items()}
+          for k, row in out.items()}
 
 
 def med(rows, key):
@@ -186,7 +282,9 @@ def main(argv):
   with tempfile.TemporaryDirectory() as workdir:
     trainer = make_trainer(workdir)
     cfg, run_dir = trainer.cfg, trainer.workdir
+    phases = instrument(trainer) if FLAGS.phase_memory else None
     Loop(trainer, cfg, run_dir, cfg.train.num_steps, eval_at_start=False).run()
+    memory = phase_memory(trainer, *phases) if phases else None
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
       rows = [json.loads(line) for line in f][2:-1]  # no compilation, no final eval and save
     rows_n = trainer.plan.responses
@@ -207,7 +305,9 @@ def main(argv):
          "update_tflops_per_s": step_flops["update"] / update_s / 1e12,
          "steps": len(rows), "devices": jax.device_count(), "roles": FLAGS.roles,
          "sampler_devices": FLAGS.sampler_devices if FLAGS.roles == "split" else None,
-         "overlap": FLAGS.overlap,
+         "overlap": FLAGS.overlap, "remat": cfg.train.remat,
+         "logprob_chunk": cfg.train.logprob_chunk, "param_dtype": cfg.model.param_dtype,
+         "state_dtype": cfg.optim.state_dtype, "plan": trainer.plan.summary_line(),
          "device_kind": jax.devices()[0].device_kind}
   for k in ["time/generate", "time/reward", "time/logprobs", "time/weight_sync",
             "time/other"] + update_keys:
@@ -219,6 +319,8 @@ def main(argv):
     out["matmul_tflops_per_s"] = matmul_tflops(FLAGS.matmul, FLAGS.dtype)
     out["update_fraction_of_matmul"] = out["update_tflops_per_s"] / out["matmul_tflops_per_s"]
   out.update(peak_memory())
+  if memory is not None:
+    out["memory"] = memory
   out["loadavg_1m_at_end"] = os.getloadavg()[0]
   out["spread"] = {k: [round(v, 4) for v in vs] for k, vs in out["spread"].items()}
   print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}))
