@@ -33,9 +33,9 @@ def _value_and_grads(hidden, head, targets, chunk, vocab_first=False):
 
 
 @pytest.mark.parametrize("vocab_first", [False, True])
-@pytest.mark.parametrize("chunk", [1, 7, 16, 50, 64])
+@pytest.mark.parametrize("chunk", [1, 7, 16, 25, 49])
 def test_chunked_logprobs_match_the_whole_vocabulary(chunk, vocab_first):
-  """Values and gradients w.r.t. hidden and head; 7 and 16 do not divide V=50 (padding)."""
+  """Values and gradients w.r.t. hidden and head; 7, 16 and 49 do not divide V=50 (padding)."""
   hidden, head, targets = _inputs()
   if vocab_first:
     head = head.T

@@ -98,11 +98,12 @@ def logprobs_and_entropy(hidden_BxNxE: jax.Array, head: jax.Array, targets_BxN: 
 
   `head` is [E, V], or [V, E] with `vocab_first` (a tied embedding), in the compute dtype;
   the logits are float32 whatever the activations' dtype. `chunk` > 0: columns per chunk of
-  the online log-sum-exp (no [B, N, V] tensor in either pass); 0: the whole vocabulary.
+  the online log-sum-exp (no [B, N, V] tensor in either pass); 0, or a chunk that holds the
+  whole vocabulary: the whole vocabulary at once (one chunk would hold as much, more slowly).
   """
   if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
     raise ValueError(f"train.logprob_chunk={chunk!r} must be an integer >= 0")
-  if chunk == 0:
+  if chunk == 0 or chunk >= head.shape[0 if vocab_first else 1]:
     return _whole(hidden_BxNxE, head.T if vocab_first else head, targets_BxN)
   return _chunked(hidden_BxNxE, head, targets_BxN, chunk, vocab_first)
 
