@@ -33,17 +33,19 @@ def _value_and_grads(hidden, head, targets, chunk, vocab_first=False):
 
 
 @pytest.mark.parametrize("vocab_first", [False, True])
-@pytest.mark.parametrize("chunk", [1, 7, 16, 25, 49])
-def test_chunked_logprobs_match_the_whole_vocabulary(chunk, vocab_first):
-  """Values and gradients w.r.t. hidden and head; 7, 16 and 49 do not divide V=50 (padding)."""
-  hidden, head, targets = _inputs()
+@pytest.mark.parametrize("v,chunk", [(53, 1), (53, 7), (53, 16), (53, 52), (50, 16), (50, 25)])
+def test_chunked_logprobs_match_the_whole_vocabulary(v, chunk, vocab_first):
+  """Values and gradients w.r.t. hidden and head; V=53 (prime) is padded for every chunk but
+  1, V=50 is cut into 5 chunks of 10 and 2 of 25 (memory.chunk_columns)."""
+  assert (memory.chunk_columns(53, 16), memory.chunk_columns(50, 16)) == (16, 10)
+  hidden, head, targets = _inputs(v=v)
   if vocab_first:
     head = head.T
   want = _value_and_grads(hidden, head, targets, 0, vocab_first)
   got = _value_and_grads(hidden, head, targets, chunk, vocab_first)
   for name, g, w in zip(("logp", "entropy", "d_hidden", "d_head"), got, want):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=ATOL, rtol=RTOL, err_msg=name)
-  assert float(jnp.max(want[1])) <= np.log(50) + 1e-5  # an entropy, in nats
+  assert float(jnp.max(want[1])) <= np.log(v) + 1e-5  # an entropy, in nats
 
 
 def test_bf16_activations_give_float32_logprobs():
