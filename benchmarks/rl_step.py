@@ -196,6 +196,14 @@ def peak_memory() -> dict[str, float]:
   return out
 
 
+def memory_settings(trainer) -> dict:
+  """What sets the run's memory, and the plan's line (which says what bound the micro-batch)."""
+  cfg = trainer.cfg
+  return {"remat": cfg.train.remat, "logprob_chunk": cfg.train.logprob_chunk,
+          "param_dtype": cfg.model.param_dtype, "state_dtype": cfg.optim.state_dtype,
+          "plan": trainer.plan.summary_line()}
+
+
 def instrument(trainer):
   """Make each phase of the trainer's steps a measured one (memory_report.PhaseMemory, the two
   warm-up steps skipped) and keep what the compiled calls' analysis needs: the last batch the
@@ -305,9 +313,7 @@ def main(argv):
          "update_tflops_per_s": step_flops["update"] / update_s / 1e12,
          "steps": len(rows), "devices": jax.device_count(), "roles": FLAGS.roles,
          "sampler_devices": FLAGS.sampler_devices if FLAGS.roles == "split" else None,
-         "overlap": FLAGS.overlap, "remat": cfg.train.remat,
-         "logprob_chunk": cfg.train.logprob_chunk, "param_dtype": cfg.model.param_dtype,
-         "state_dtype": cfg.optim.state_dtype, "plan": trainer.plan.summary_line(),
+         "overlap": FLAGS.overlap, **memory_settings(trainer),
          "device_kind": jax.devices()[0].device_kind}
   for k in ["time/generate", "time/reward", "time/logprobs", "time/weight_sync",
             "time/other"] + update_keys:
@@ -318,9 +324,7 @@ def main(argv):
   if FLAGS.matmul:
     out["matmul_tflops_per_s"] = matmul_tflops(FLAGS.matmul, FLAGS.dtype)
     out["update_fraction_of_matmul"] = out["update_tflops_per_s"] / out["matmul_tflops_per_s"]
-  out.update(peak_memory())
-  if memory is not None:
-    out["memory"] = memory
+  out.update(peak_memory(), **({"memory": memory} if memory else {}))
   out["loadavg_1m_at_end"] = os.getloadavg()[0]
   out["spread"] = {k: [round(v, 4) for v in vs] for k, vs in out["spread"].items()}
   print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}))
