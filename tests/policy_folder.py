@@ -87,3 +87,12 @@ def write_policy_folder(folder: str, *, real_vocab: bool = False, seed: int = 0,
   hf.save_policy(nnx.merge(graphdef, params), folder, dtype=dtype,
                  eos_ids=[ids["<|im_end|>"], ids["<|endoftext|>"]], pad_id=ids["<|endoftext|>"])
   return folder
+
+
+if __name__ == "__main__":  # python tests/policy_folder.py DIR [--real_vocab] [shape=value ...]
+  import sys
+  args = sys.argv[1:]
+  shape = dict(a.split("=") for a in args[1:] if "=" in a)
+  write_policy_folder(args[0], real_vocab="--real_vocab" in args,
+                      **{k: int(v) for k, v in shape.items()})
+  print(args[0])
