@@ -164,3 +164,13 @@ class PhaseMemory:
       out[name] = {k: max(r[k] for r in rows) for k in rows[0] if k != "host_peak_is_phase"}
       out[name]["host_peak_is_phase"] = all(r["host_peak_is_phase"] for r in rows)
     return out
+
+
+def peaks() -> dict[str, float]:
+  """The process's memory peaks so far in GiB, as a run logs them each step: the host's peak
+  RSS and, where the backend reports one, the largest device peak."""
+  out = {"memory/host_peak_gb": host_peak_rss() / GIB}
+  device = device_peak()
+  if device is not None:
+    out["memory/device_peak_gb"] = device / GIB
+  return out

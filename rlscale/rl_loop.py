@@ -24,7 +24,8 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from rlscale import base_policy, batch, distributed, experiment, flops, roles, rollout, sharding
+from rlscale import (base_policy, batch, distributed, experiment, flops, memory_report, roles,
+                     rollout, sharding)
 from rlscale.checkpoints import hf
 from rlscale.evaluation import Evaluator
 from rlscale.loop import Loop, NonFiniteError, Pending  # noqa: F401  (NonFiniteError: API)
@@ -200,7 +201,8 @@ class RLTrainer:
     out = {"throughput/train_tokens_per_s":
                p.host["train_tokens"] * self.plan.main.num_epochs / update_s,
            "throughput/responses_per_s": self.plan.responses / wall,
-           "flops/step": sum(step_flops.values())}  # model FLOPs: a report's compute axis
+           "flops/step": sum(step_flops.values()),  # model FLOPs: a report's compute axis
+           **memory_report.peaks()}  # the run's memory so far (benchmarks give it per phase)
     if not self.overlap:  # an overlapped step's generate phase is only the wait it caused
       out["throughput/gen_tokens_per_s"] = p.host["response_tokens"] / p.phases["generate"]
     if self.peak:

@@ -46,7 +46,7 @@ def test_process_rows_single_process():
 
 # --- one RL run as two processes against the same run in one process ---
 
-TIMING = ("time/", "throughput/", "mfu/", "wall_time")  # differ between any two runs
+TIMING = ("time/", "throughput/", "mfu/", "memory/", "wall_time")  # differ between two runs
 # The updates' device metrics are float32 reductions that an all-reduce over two processes may
 # add in another order than one over one process's devices. Seen: 1 ulp on actor/ratio, 3e-8 on
 # a loss that is exactly 0 in one process, relative 4.2e-6 on a noise-scale estimate (those

@@ -31,6 +31,7 @@ def test_grpo_math_trains_evaluates_checkpoints_and_exports(tmp_path, checkpoint
   assert [r["step"] for r in rows] == [0, 1, 2]
   for r in rows[1:]:
     assert r["responses_seen"] == r["step"] * 16 and 0 <= r["reward/mean"] <= 1
+    assert r["memory/host_peak_gb"] > 0.1  # the run's memory so far, every step
   assert "eval/accuracy_greedy" in rows[0] and "eval/accuracy_sampled" in rows[2]
   assert Checkpointer(str(run / "checkpoints")).latest_step() == 2
   # The data report: the committed set's 64 training and 24 held-out rows (num_eval caps 8).

@@ -113,7 +113,8 @@ def test_split_four_plus_four_matches_colocated_eight(tmp_path, grpo_single_proc
     for k in ("responses_seen", "tokens_seen", "response_tokens", "response/length_max"):
       assert r1.get(k) == r2.get(k), (r1["step"], k)
     for k, v in r1.items():
-      if k.startswith(("time/", "throughput/", "mfu/", "wall_time")) or not isinstance(v, float):
+      if (k.startswith(("time/", "throughput/", "mfu/", "memory/", "wall_time"))
+          or not isinstance(v, float)):
         continue
       assert np.isclose(r2[k], v, rtol=RTOL, atol=ATOL), (r1["step"], k, v, r2[k])
       worst = max(worst, abs(r2[k] - v))

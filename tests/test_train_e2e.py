@@ -11,7 +11,8 @@ from rlscale.checkpointing import Checkpointer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-TIMING = ("time/", "throughput/", "wall_time")  # the only metrics allowed to differ on resume
+# The only metrics that may differ on resume.
+TIMING = ("time/", "throughput/", "memory/", "wall_time")
 
 
 def _config(tmp_path, name="grpo.py", arg="tiny", **overrides):
