@@ -204,13 +204,13 @@ def memory_settings(trainer) -> dict:
           "plan": trainer.plan.summary_line()}
 
 
-def instrument(trainer):
-  """Make each phase of the trainer's steps a measured one (memory_report.PhaseMemory, the two
-  warm-up steps skipped) and keep what the compiled calls' analysis needs: the last batch the
-  algorithm prepared, and each trained model's update call wrapped in a Recorder."""
+def instrument(trainer, skip: int = 2):
+  """Make each phase of the trainer's steps a measured one (memory_report.PhaseMemory, the
+  `skip` warm-up steps left out) and keep what the compiled calls' analysis needs: the last
+  batch the algorithm prepared, and each trained model's update call wrapped in a Recorder."""
   import jax
   from rlscale import memory_report
-  phases = memory_report.PhaseMemory(skip=2)
+  phases = memory_report.PhaseMemory(skip=skip)
   seen = {}
   begin, complete = trainer.begin, trainer.complete
 

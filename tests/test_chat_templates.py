@@ -388,6 +388,7 @@ def near_uniform_policy(pair, tiny_cfg, mesh1, rules):
   return nnx.split(model)
 
 
+@pytest.mark.slow  # over 10 s on 2 cores; .ci/run runs it
 @pytest.mark.parametrize("family", DECODE_FAMILIES)
 def test_decode_stops_a_row_at_each_stop_token(pair, family, near_uniform_policy, mesh1):
   """Each row ends at the first of the checkpoint's stop tokens it emits, and every stop token

@@ -95,6 +95,7 @@ def _assert_close(got, want, atol=ATOL, rtol=RTOL):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=atol, rtol=rtol)
 
 
+@pytest.mark.slow  # over 10 s on 2 cores; .ci/run runs it
 @pytest.mark.parametrize("tied", [True, False])
 def test_sharded_chunked_forward_matches_unsharded(tied, rules):
   """Mesh (data, fsdp, tensor) = (2, 2, 2): the head's vocabulary over `tensor`, its embed
@@ -148,6 +149,7 @@ def test_chunking_cuts_the_training_step_temporaries():
   assert chunked < 0.5 * whole
 
 
+@pytest.mark.slow  # over 10 s on 2 cores; .ci/run runs it
 def test_remat_cuts_the_training_step_temporaries():
   """4 blocks at 8 x 128 tokens: remat=full keeps one block's input each and must need under
   60% of remat=none's temporaries (measured: ~0.3x); dots no more than none."""

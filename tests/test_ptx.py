@@ -60,6 +60,7 @@ def test_the_update_adds_coef_times_the_demonstrations_nll_gradient(mesh1, rules
   assert m["grad_norm"] != pytest.approx(m_rl["grad_norm"])  # the clipped norm is of the sum
 
 
+@pytest.mark.slow  # over 10 s on 2 cores; .ci/run runs it
 def test_each_optimizer_step_takes_its_own_block_of_demonstrations(mesh1, rules):
   # Two mini-batches: step 1 trains on demo rows 0-1, step 2 on rows 2-3. Swapping the blocks
   # changes the result; a coef of 0 gives the RL update exactly.

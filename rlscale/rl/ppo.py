@@ -97,16 +97,17 @@ class PPO:
     cfg = ctx.cfg
     r, c, env = cfg.rl, cfg.critic, ctx.env
     self.rl, self.warmup_steps = r, c.warmup_steps
-    forward = policy_forward(ctx.graphdef, chunk=ctx.cfg.train.get("logprob_chunk", 0),
-                             remat=ctx.cfg.train.get("remat", "none"))
+    forward = policy_forward(ctx.graphdef, chunk=cfg.train.get("logprob_chunk", 0),
+                             remat=cfg.train.get("remat", "none"))
     self.actor = algorithm.trained_model(ctx, "actor", forward, make_policy_loss(r, False),
                                          ctx.params, cfg.optim, prox_com=self.prox_com)
     critic, _ = hf.load_model(c.hf_checkpoint or ctx.base, models.ValueModel, env.mesh,
                               env.rules, key=jax.random.key(cfg.seed + 1), dtype=cfg.model.dtype,
                               param_dtype=cfg.model.param_dtype)
     critic_graphdef, critic_params = nnx.split(critic)
-    self.critic = algorithm.trained_model(ctx, "critic", value_forward(critic_graphdef),
-                                          make_critic_loss(c), critic_params, c.optim)
+    critic_forward = value_forward(critic_graphdef, remat=cfg.train.get("remat", "none"))
+    self.critic = algorithm.trained_model(ctx, "critic", critic_forward, make_critic_loss(c),
+                                          critic_params, c.optim)
     self.models = {"actor": self.actor, "critic": self.critic}
     self.ref_params = jax.tree.map(jnp.copy, ctx.params) if r.kl_coef else None
     self.logprobs = response_fn(forward, "logp", env.mesh, env.rules)
