@@ -68,7 +68,7 @@ def run(workdir: str) -> dict:
   logs.quiet_libraries()
   cfg = run_config(workdir)
   t0 = time.time()
-  trainer = rl_loop.RLTrainer(cfg, workdir)
+  trainer = rl_loop.RLTrainer(cfg, workdir, None)
   build_s = time.time() - t0
   phases, seen = rl_step.instrument(trainer, skip=0)
   trainer.finish(*Loop(trainer, cfg, workdir, cfg.train.num_steps, eval_at_start=True).run())
