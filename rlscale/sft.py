@@ -22,7 +22,7 @@ from rlscale.evaluation import Evaluator
 from rlscale.loop import Loop, Pending
 from rlscale.metrics_writer import write_json
 from rlscale.rl.update import SequenceBatch, TokenInputs, TrainState, make_update, policy_forward
-from rlscale.tasks.base import left_pad, right_pad
+from rlscale.tasks.base import left_pad, right_pad, turn_end_id
 
 DONE = "COMPLETE"  # marker file written last into a finished policy folder
 
@@ -35,8 +35,8 @@ def nll_loss(inputs: TokenInputs):
 def demonstrations(task, problems):
   """Prompt (left-padded) and demonstration + EOS (right-padded) token arrays."""
   prompts = [task.prompt_ids(p) for p in problems]
-  answers = [task.tokenizer.encode(task.demonstration(p)) + [task.tokenizer.eos_ids[0]]
-             for p in problems]
+  stop = turn_end_id(task.tokenizer)
+  answers = [task.tokenizer.encode(task.demonstration(p)) + [stop] for p in problems]
   pt, pm = left_pad(prompts, task.max_prompt_len, task.tokenizer.pad_id)
   at, am = right_pad(answers, task.max_answer_len, task.tokenizer.pad_id)
   return pt, pm, at, am

@@ -26,7 +26,7 @@ from absl import logging
 
 from rlscale import distributed, sharding
 from rlscale.rl.update import SequenceBatch
-from rlscale.tasks.base import Problem, Task, left_pad, right_pad
+from rlscale.tasks.base import Problem, Task, left_pad, right_pad, turn_end_id
 
 
 def check(rl: Mapping[str, Any], unit: int) -> list[str]:
@@ -72,9 +72,7 @@ class Demonstrations:
     tok = self.task.tokenizer
     pairs = self.pairs(start, n)
     prompts = [self.task.prompt_ids(p) for p, _ in pairs]
-    stop = getattr(tok, "eos_id", None)  # the turn's own end (Llama 3.1: <|eot_id|>)
-    stop = tok.eos_ids[0] if stop is None else stop
-    answers = [tok.encode(text) + [stop] for _, text in pairs]
+    answers = [tok.encode(text) + [turn_end_id(tok)] for _, text in pairs]
     cut = sum(len(a) > self.max_new_tokens for a in answers)
     if cut and not self.cut:
       logging.warning("ptx: %d of %d demonstrations exceed rollout.max_new_tokens=%d and are "

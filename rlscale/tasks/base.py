@@ -100,6 +100,13 @@ def response_text(tokenizer: Tokenizer, ids: Sequence[int]) -> str | None:
   return text if tokenizer.decode(ids, skip_special_tokens=False) == text else None
 
 
+def turn_end_id(tokenizer: Tokenizer) -> int:
+  """The id a demonstration ends with: the tokenizer's turn-ending token where it names one
+  (HFTokenizer.eos_id: Llama 3.1's <|eot_id|>, not <|end_of_text|>), else its first stop id."""
+  end = getattr(tokenizer, "eos_id", None)
+  return tokenizer.eos_ids[0] if end is None else int(end)
+
+
 def left_pad(rows: Sequence[Sequence[int]], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
   """[n, length] int32 tokens and bool mask, each row right-aligned."""
   tokens = np.full((len(rows), length), pad_id, np.int32)
