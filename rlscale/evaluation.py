@@ -25,9 +25,10 @@ class Evaluator:
       self.samplers["sampled"] = Sampler(graphdef, SamplingParams(temperature=1.0, **common), mesh, rules)
     problems = task.eval_problems()
     self.num = len(problems)
-    # Pad the set to whole generation batches split evenly over processes and batch shards.
+    # Pad the set to whole generation batches split evenly over processes and batch shards;
+    # a call never holds more rows than the set needs (8 problems decode 8 rows, not 512).
     unit = sharding.batch_divisor(mesh, rules) * jax.process_count()
-    self.gb = max(unit, generation_batch // unit * unit)
+    self.gb = max(unit, min(generation_batch, -(-self.num // unit) * unit) // unit * unit)
     total = -(-self.num // self.gb) * self.gb
     padded = problems + [problems[0]] * (total - self.num)
     rows = distributed.process_rows(total)

@@ -157,3 +157,11 @@ def test_metric_names(policy, ev8, ev16):
   for out in (sampled, greedy):
     for k, v in out.items():
       assert np.isfinite(v) and 0.0 <= v <= (MAX_NEW if "response_len" in k else 1.0), (k, v)
+
+
+def test_a_call_holds_no_more_rows_than_the_set_needs(task, policy, mesh8, rules):
+  """10 problems on 8 batch shards decode 16 rows per call, not the configured 512: a big
+  model's evaluation of a small set must not pay for (and hold the KV cache of) 512 rows."""
+  ev = _evaluator(task, policy, mesh8, rules, 512, sampled=False)
+  assert ev.gb == 16 and len(ev.problems) == 16
+  assert _evaluator(task, policy, mesh8, rules, 8, sampled=False).gb == 8  # smaller: kept
