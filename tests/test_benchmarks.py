@@ -69,3 +69,16 @@ def test_profile_step_benchmark():
     # ops are named after the framework ops they came from (ops XLA inserted have no origin)
     assert any(t["from"] for t in r["top"])
     assert not any(t["op"].startswith(("while", "Common")) for t in r["top"])  # ops only
+
+
+@pytest.mark.slow
+def test_real_run_benchmark(tmp_path):
+  sys.path.insert(0, os.path.join(REPO, "tests"))
+  from policy_folder import write_policy_folder
+  folder = write_policy_folder(str(tmp_path / "qwen"), num_layers=2, d_model=64, num_heads=2,
+                               num_kv_heads=1, head_dim=32, mlp_dim=128)
+  (row,) = _run("real_run.py", f"--checkpoint={folder}", "--new_tokens=8", "--remat=full")
+  assert row["steps"] == 2 and len(row["per_step"]["time/step"]) == 2
+  assert row["remat"] == "full" and row["logprob_chunk"] == 8192
+  assert {"model.safetensors", "tokenizer.json"} <= set(row["exported"])
+  assert row["memory"]["actor_update"]["compiled_temp_gb"] > 0 and row["host_peak_rss_gb"] > 0
