@@ -23,8 +23,8 @@ Model text is parsed, never evaluated, and a grader never raises: any failure sc
 Time limit (`task.grader_timeout_s`). math-verify bounds its own work with signal.alarm: that
 works only in the main thread (elsewhere it raises), counts whole seconds, and a handler runs
 only between bytecodes, so a long C call (a big-integer power, a regex backtrack) outlasts it.
-Sympy on `9^{9^{9}}` or `10^{10^{10}}!` ran past 20 s without it (we stopped it there). Here every math-verify
-call runs in a persistent worker process instead (`_Worker`, started with subprocess, so a JAX
+Sympy on `9^{9^{9}}` or `10^{10^{10}}!` ran past 20 s without it (we stopped it there). Here
+every math-verify call runs in a persistent worker process instead (`_Worker`, started with subprocess, so a JAX
 parent is never forked); the caller waits on the worker's pipe with a deadline and, past it,
 kills the process and starts a fresh one, which imports in the background while the caller
 returns 0. The same path serves the main thread and any other, so the limit holds for both.
@@ -38,8 +38,9 @@ of the process.
 Keeping the common case fast: responses over MAX_RESPONSE_CHARS and answers over
 MAX_ANSWER_CHARS score 0 before any parsing; integers (all of GSM8K) are compared in the
 caller without math-verify, as are plain numbers that are equal; the remaining pairs cost a
-pipe round trip plus math-verify's time (about 4 ms on one CPU core) and are cached by (reference, answer), since
-a group of responses to one prompt repeats answers. Waiting for a worker to start (about a
+pipe round trip plus math-verify's time (about 4 ms on one CPU core) and are cached by
+(reference, answer), since a group of responses to one prompt repeats answers (a check that ran
+out of time is not cached). Waiting for a worker to start (about a
 second, up to STARTUP_S) is not counted in a check's limit.
 """
 
