@@ -24,16 +24,16 @@ Time limit (`task.grader_timeout_s`). math-verify bounds its own work with signa
 works only in the main thread (elsewhere it raises), counts whole seconds, and a handler runs
 only between bytecodes, so a long C call (a big-integer power, a regex backtrack) outlasts it.
 Sympy on `9^{9^{9}}` or `10^{10^{10}}!` ran past 20 s without it (we stopped it there). Here
-every math-verify call runs in a persistent worker process instead (`_Worker`, started with subprocess, so a JAX
-parent is never forked); the caller waits on the worker's pipe with a deadline and, past it,
-kills the process and starts a fresh one, which imports in the background while the caller
-returns 0. The same path serves the main thread and any other, so the limit holds for both.
-Inside the worker an interval timer (the worker's own main thread) interrupts a check at 80%
-of the limit, so most slow checks answer 0 without costing a restart; the kill is the
-guarantee. The worker's address space is capped (WORKER_MEMORY), so a runaway expression ends
-in a MemoryError there, not in the host's OOM killer. Workers form a small pool (up to
-MAX_WORKERS, one per concurrent caller; a caller waits for a free one), shared by all graders
-of the process.
+every math-verify call runs in a persistent worker process instead (`_Worker`, started with
+subprocess, so a JAX parent is never forked); the caller waits on the worker's pipe with a
+deadline and, past it, kills the process and starts a fresh one, which imports in the background
+while the caller returns 0. The same path serves the main thread and any other, so the limit
+holds for both. Inside the worker an interval timer (the worker's own main thread) interrupts a
+check at 80% of the limit, so most slow checks answer 0 without costing a restart; the kill is
+the guarantee. The worker's address space is capped (WORKER_MEMORY), so a runaway expression
+ends in a MemoryError there, not in the host's OOM killer. Workers form a small pool (up to
+MAX_WORKERS, one per concurrent caller; a caller waits for a free one), shared by all graders of
+the process.
 
 Keeping the common case fast: responses over MAX_RESPONSE_CHARS and answers over
 MAX_ANSWER_CHARS score 0 before any parsing; integers (all of GSM8K) are compared in the
