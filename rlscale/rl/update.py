@@ -199,7 +199,7 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
     """grads + coef x the demonstrations' gradient, with the ptx metrics."""
     w = token_weights(demo.resp_mask, "token-mean", 1)
     (_, aux), g = ptx_grad(params, (demo, w, w), None)
-    metrics.update({k: v for k, v in aux.items()}, ptx_grad_norm=jnp.sqrt(sq_norm(g)),
+    metrics.update(aux, ptx_grad_norm=jnp.sqrt(sq_norm(g)),
                    grad_norm_rl=jnp.sqrt(sq_norm(grads)))
     return jax.tree.map(lambda a, b: a + ptx[0] * b, grads, g)
 
