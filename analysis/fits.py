@@ -1,18 +1,21 @@
 """Every fit a study report makes (DESIGN.md, "Analysis: what a study reports").
 
-Pure numerics on arrays: crossing a target, the steps-samples trade-off and B_crit (McCandlish et
-al. 2018), the compute-performance sigmoid (ScaleRL, Khatri et al. 2025), signal and noise of the
-gradient, generation time, and straight lines in linear or log-log axes. Each returns a dict of
-plain floats so that a report can write it beside its figure.
+Pure numerics on arrays: crossing a target, the critical batch of E(B) = E_min (1 + B/B_crit)
+(McCandlish et al. 2018), the compute-performance sigmoid (ScaleRL, Khatri et al. 2025), signal
+and noise of the gradient, generation time, straight lines in linear or log-log axes and the
+best learning rate of a scan. Each returns a dict of plain floats so that a report can write it
+beside its figure, and each fit says in `reasons` why its data do not identify it (empty when
+they do): a report prints "not identified (reasons)" instead of the number.
 """
 
 from __future__ import annotations
 
-from typing import Hashable
 
 import numpy as np
 from scipy import optimize
 from scipy import stats as sps
+
+from rlscale import crossing
 
 
 def _arrays(*cols, min_points: int = 1, what: str = "fit"):
@@ -27,124 +30,162 @@ def _arrays(*cols, min_points: int = 1, what: str = "fit"):
   return out
 
 
-# --- 1. Crossing a target -------------------------------------------------------------------
+# --- 1. Crossing a target: rlscale/crossing.py (the study runner chooses with it too) ----------
 
-def smooth(y, window: int = 3) -> np.ndarray:
-  """Trailing moving average over `window` evaluations; the first points average what exists.
+first_crossing = crossing.first_crossing
 
-  Trailing, not centred: a centred window would let a later evaluation pull the curve over the
-  target before the run got there.
+
+# --- 2. The critical training batch -----------------------------------------------------------
+
+# B_crit is searched between the smallest batch / _SPAN and the largest x _SPAN; an estimate
+# beyond the batches tried by more than _BEYOND says only that it lies out there.
+_SPAN, _BEYOND = 1000.0, 4.0
+
+
+def _profile(log_b, log_e, bc):
+  """For each B_crit in `bc` (G,) and each data set (R, K): E_min by least squares in log space
+  and the sum of squared log residuals. Returns (log_e_min (R, G), sse (R, G))."""
+  shape = np.log1p(np.exp(log_b)[None, None, :] / bc[None, :, None])     # (1, G, K)
+  resid = log_e[:, None, :] - shape                                        # (R, G, K)
+  a = resid.mean(-1)
+  return a, ((resid - a[..., None]) ** 2).sum(-1)
+
+
+def fit_critical_batch(batches, responses) -> dict:
+  """E(B) = E_min (1 + B/B_crit) by least squares of log E (multiplicative errors).
+
+  McCandlish's (S/S_min - 1)(E/E_min - 1) = 1 with S = E/B exactly (steps are responses over
+  the batch) is the same law, so E is the one measured quantity and S_min = E_min/B_crit.
+  `batches` and `responses`: one E per batch (the median over its seeds). Returns e_min,
+  b_crit, s_min, the rms log residual, and `at_bound` when the best B_crit is at the edge of
+  the search (the data do not pin it down).
   """
-  if window < 1:
-    raise ValueError(f"window={window}: must be >= 1")
-  y = np.asarray(y, dtype=float)
-  c = np.concatenate([[0.0], np.cumsum(y)])
-  i = np.arange(1, y.size + 1)
-  start = np.maximum(i - window, 0)
-  return (c[i] - c[start]) / (i - start)
+  b, e = _arrays(batches, responses, min_points=3, what="fit_critical_batch")
+  if (b <= 0).any() or (e <= 0).any():
+    raise ValueError("fit_critical_batch: batches and responses must be positive")
+  _distinct(b, 3, "fit_critical_batch")
+  grid = np.geomspace(b.min() / _SPAN, b.max() * _SPAN, 601)
+  fit = _fit_many(np.log(b), np.log(e)[None, :], grid)
+  return {k: float(v[0]) if k != "at_bound" else bool(v[0]) for k, v in fit.items()}
 
 
-def first_crossing(x, y, target: float, window: int = 3) -> float | None:
-  """First x where smooth(y) >= target, linearly interpolated between the evaluations around it.
+def _fit_many(log_b, log_e, grid) -> dict:
+  """fit_critical_batch on R data sets at once: log_e (R, K)."""
+  a, sse = _profile(log_b, log_e, grid)
+  i = np.argmin(sse, axis=1)
+  rows = np.arange(sse.shape[0])
+  j = np.clip(i, 1, grid.size - 2)
+  y0, y1, y2 = sse[rows, j - 1], sse[rows, j], sse[rows, j + 1]
+  den = y0 - 2 * y1 + y2
+  with np.errstate(divide="ignore", invalid="ignore"):
+    shift = np.where(den > 0, 0.5 * (y0 - y2) / den, 0.0)
+  step = np.log(grid[1]) - np.log(grid[0])
+  at_bound = (i == 0) | (i == grid.size - 1)
+  log_bc = np.where(at_bound, np.log(grid[i]), np.log(grid[j]) + np.clip(shift, -1, 1) * step)
+  bc = np.exp(log_bc)
+  shape = np.log1p(np.exp(log_b)[None, :] / bc[:, None])                  # (R, K)
+  resid = log_e - shape
+  log_e_min = resid.mean(-1)
+  rms = np.sqrt(((resid - log_e_min[:, None]) ** 2).mean(-1))
+  e_min = np.exp(log_e_min)
+  return dict(b_crit=bc, e_min=e_min, s_min=e_min / bc, residual=rms, at_bound=at_bound)
 
-  None when never reached; x[0] when the first evaluation already meets it.
+
+def critical_batch(points_by_batch: dict, reps: int = 1000, level: float = 0.95,
+                   seed: int = 0) -> dict:
+  """B_crit with its interval from resampling seeds, and the diagnostics that decide whether
+  the data identify it (DESIGN.md, "Critical training batch").
+
+  `points_by_batch` maps each batch B to its seeds' responses to target (inf: never reached).
+  The fit uses the median per batch; each bootstrap rep resamples the seeds within every batch
+  and refits. Diagnostics, each a reason for "not identified":
+  - `reached`: every batch's median reached the target (at least 3 batches);
+  - `monotone`: E does not fall with B (a fall larger than the two medians' intervals is a
+    law the data break: E_min (1 + B/B_crit) only grows);
+  - `residual`: the log residuals are within what the seeds' spread allows (the chi-square of
+    the medians' residuals, with the spread pooled over batches, below its 99% quantile; an
+    rms below 0.05 when no spread is known);
+  - `inside`: B_crit lies within [smallest B / 4, largest B x 4] in at least `level` of the
+    reps; beyond it the data give only a bound (`bound` = the reps' 5% or 95% quantile).
   """
-  x, = _arrays(x, what="first_crossing")
-  s = smooth(y, window)
-  if s.size != x.size:
-    raise ValueError(f"first_crossing: {x.size} x values but {s.size} y values")
-  hit = np.flatnonzero(s >= target)
-  if hit.size == 0:
-    return None
-  i = int(hit[0])
-  if i == 0:
-    return float(x[0])
-  x0, x1, s0, s1 = x[i - 1], x[i], s[i - 1], s[i]
-  return float(x0 + (target - s0) / (s1 - s0) * (x1 - x0))
-
-
-# --- 2. Steps-samples trade-off --------------------------------------------------------------
-
-def _tradeoff_model(e, s_min, e_min):
-  return s_min * e / (e - e_min)
-
-
-def fit_tradeoff(steps, examples) -> dict:
-  """S_min, E_min, B_crit = E_min/S_min from (S/S_min - 1)(E/E_min - 1) = 1.
-
-  Fitted as S = S_min E / (E - E_min) by curve_fit with relative residuals (S spans orders of
-  magnitude across batches), E_min in (0, min E) and S_min in (0, min S]. The start comes from
-  the same law written linearly: 1 = S_min/S + E_min/E. `residual` is the rms relative error
-  of S; `at_bound` flags a parameter stuck at its bound (the data do not pin it down).
-  """
-  s, e = _arrays(steps, examples, min_points=3, what="fit_tradeoff")
-  if (s <= 0).any() or (e <= 0).any():
-    raise ValueError("fit_tradeoff: steps and examples must be positive")
-  s_hi, e_hi = s.min(), e.min()
-  # Parameters scaled by their upper bounds, so both live in (0, 1].
-  (p_s, p_e), *_ = np.linalg.lstsq(np.stack([s_hi / s, e_hi / e], 1), np.ones_like(s), rcond=None)
-  p0 = np.clip([p_s, p_e], 0.05, 0.95)
-  eps = 1e-9
-  popt, _ = optimize.curve_fit(
-      lambda ee, a, b: _tradeoff_model(ee, a * s_hi, b * e_hi), e, s, p0=p0, sigma=s,
-      bounds=([eps, eps], [1.0, 1.0 - 1e-6]), max_nfev=2000)
-  s_min, e_min = popt[0] * s_hi, popt[1] * e_hi
-  rel = _tradeoff_model(e, s_min, e_min) / s - 1
-  at_bound = bool(popt[0] < 1e-6 or popt[0] > 1 - 1e-6 or popt[1] < 1e-6 or popt[1] > 1 - 1e-5)
-  return dict(s_min=float(s_min), e_min=float(e_min), b_crit=float(e_min / s_min),
-              residual=float(np.sqrt(np.mean(rel ** 2))), at_bound=at_bound)
-
-
-def _medians(points_by_config, rng=None):
-  """Per-configuration median (S, E), seeds resampled with replacement when rng is given."""
-  s_med, e_med = [], []
-  for pts in points_by_config.values():
-    p = np.asarray(pts, dtype=float).reshape(-1, 2)
-    if rng is not None:
-      p = p[rng.integers(0, len(p), len(p))]
-    s_med.append(np.median(p[:, 0]))
-    e_med.append(np.median(p[:, 1]))
-  s_med, e_med = np.array(s_med), np.array(e_med)
-  keep = np.isfinite(s_med) & np.isfinite(e_med)  # a config whose median never got there
-  return s_med[keep], e_med[keep]
-
-
-def tradeoff_interval(points_by_config: dict[Hashable, list], reps: int = 1000,
-                      level: float = 0.95, seed: int = 0) -> dict:
-  """Bootstrap intervals of b_crit, s_min, e_min: {name: (point, lo, hi)}, plus `failed`.
-
-  `points_by_config` maps a configuration (a batch) to its seeds' (S, E) pairs. Each rep
-  resamples the seeds within every configuration, takes the per-configuration median of S and
-  of E, and refits. Reps whose fit fails (or keep fewer than 3 finite configurations) are
-  skipped and counted in `failed`; the point estimate is the fit on the medians of all seeds.
-  """
-  point = fit_tradeoff(*_medians(points_by_config))
+  batches = sorted(points_by_batch)
+  seeds = [np.asarray(points_by_batch[b], float) for b in batches]
+  b = np.asarray(batches, float)
+  med = np.array([np.median(s) for s in seeds])
+  out = dict(batches=list(map(float, b)), medians=list(map(float, med)), n=[len(s) for s in seeds],
+             reasons=[])
+  if len(b) < 3 or not np.isfinite(med).all():
+    out["reasons"].append("fewer than 3 batches whose median reached the target")
+    return dict(out, identified=False)
+  fit = fit_critical_batch(b, med)
+  out.update(fit)
   rng = np.random.default_rng(seed)
-  draws, failed = {k: [] for k in ("b_crit", "s_min", "e_min")}, 0
-  for _ in range(reps):
-    try:
-      f = fit_tradeoff(*_medians(points_by_config, rng))
-    except (ValueError, RuntimeError):
-      failed += 1
-      continue
-    for k in draws:
-      draws[k].append(f[k])
+  boot = np.stack([np.median(s[rng.integers(0, s.size, (reps, s.size))], axis=1)
+                   for s in seeds], axis=1)                               # (reps, K)
+  ok = np.isfinite(boot).all(axis=1)
+  grid = np.geomspace(b.min() / _SPAN, b.max() * _SPAN, 601)
+  many = _fit_many(np.log(b), np.log(boot[ok]), grid) if ok.any() else None
   alpha = (1 - level) / 2
-  out = {}
-  for k, v in draws.items():
-    lo, hi = np.quantile(v, [alpha, 1 - alpha]) if v else (np.nan, np.nan)
-    out[k] = (point[k], float(lo), float(hi))
-  out.update(failed=failed, reps=reps)
-  return out
+  if many is not None:
+    for k in ("b_crit", "e_min", "s_min"):
+      lo, hi = np.quantile(many[k], [alpha, 1 - alpha])
+      out[f"{k}_lo"], out[f"{k}_hi"] = float(lo), float(hi)
+    out["b_crit_draws"] = many["b_crit"]
+  out["reps"], out["failed_reps"] = reps, int((~ok).sum())
+  # Diagnostics.
+  spread = _log_median_se(seeds)
+  lo_i = [np.quantile(s, 0.1) for s in seeds]
+  hi_i = [np.quantile(s, 0.9) for s in seeds]
+  falls = [f"{batches[i]:g} -> {batches[i + 1]:g}" for i in range(len(b) - 1)
+           if lo_i[i] > hi_i[i + 1]]
+  if falls:
+    out["reasons"].append("E falls with B (" + ", ".join(falls) + "), which the law forbids")
+  resid = np.log(med) - (np.log(fit["e_min"]) + np.log1p(b / fit["b_crit"]))
+  dof = len(b) - 2
+  if np.isfinite(spread).all() and (spread > 0).all():
+    chi2 = float(np.sum((resid / spread) ** 2))
+    out["chi2"], out["dof"] = chi2, dof
+    if chi2 > sps.chi2.ppf(0.99, dof):
+      out["reasons"].append(f"residuals beyond the seeds' spread (chi-square {chi2:.1f} on "
+                            f"{dof} dof)")
+  elif fit["residual"] > 0.05:
+    out["reasons"].append(f"rms log residual {fit['residual']:.3f} > 0.05")
+  if many is not None:
+    lo_b, hi_b = b.min() / _BEYOND, b.max() * _BEYOND
+    inside = float(np.mean((many["b_crit"] >= lo_b) & (many["b_crit"] <= hi_b)))
+    out["inside"] = inside
+    if inside < level:
+      above = float(np.mean(many["b_crit"] > hi_b))
+      if above >= float(np.mean(many["b_crit"] < lo_b)):
+        out["bound"] = ("lower", float(np.quantile(many["b_crit"], 0.05)))
+        out["reasons"].append(f"B_crit beyond {hi_b:g} in {above:.0%} of the reps: E barely "
+                              "grows over the batches tried (a lower bound only)")
+      else:
+        out["bound"] = ("upper", float(np.quantile(many["b_crit"], 0.95)))
+        out["reasons"].append("B_crit below the batches tried: E grows in proportion to B "
+                              "throughout (an upper bound only)")
+  return dict(out, identified=not out["reasons"])
+
+
+def _log_median_se(seeds: list) -> np.ndarray:
+  """Standard error of log(median) per batch: 1.253 sd/sqrt(n) (the median's efficiency under
+  normal errors), with sd the spread of log E pooled over the batches (the seeds' spread is one
+  property of the runs; five seeds alone would estimate it too noisily); nan for batches with
+  fewer than 2 finite seeds, and everywhere when fewer than 3 seeds are pooled."""
+  logs = [np.log(s[np.isfinite(s)]) for s in seeds]
+  dev = [v - v.mean() for v in logs if v.size >= 2]
+  dof = sum(v.size - 1 for v in logs if v.size >= 2)
+  if dof < 3:
+    return np.full(len(seeds), np.nan)
+  sd = np.sqrt(sum(float((d ** 2).sum()) for d in dev) / dof)
+  return np.array([1.2533 * sd / np.sqrt(v.size) if v.size >= 2 else np.nan for v in logs])
 
 
 def tolerance_batch(b_crit: float, tolerance: float = 0.2) -> float:
   """The largest batch whose responses-to-target E is within `tolerance` of E_min.
 
-  From (S/S_min - 1)(E/E_min - 1) = 1 and S = E/B: expanding gives S E = S E_min + E S_min,
-  i.e. 1 = E_min/E + S_min B/E, so E = E_min + B S_min = E_min (1 + B/B_crit). Then
-  E <= (1 + tolerance) E_min  <=>  B <= tolerance * B_crit: about B_crit/5 at 20%, so the
-  invariant range ends well before B_crit.
+  E = E_min (1 + B/B_crit), so E <= (1 + tolerance) E_min  <=>  B <= tolerance * B_crit:
+  about B_crit/5 at 20%, so the invariant range ends well before B_crit.
   """
   if tolerance < 0:
     raise ValueError(f"tolerance={tolerance}: must be >= 0")
@@ -222,7 +263,28 @@ def fit_sigmoid(C, R, r0=None, a_grid=None, c_grid=None, polish: bool = True) ->
   if polish:
     A, B, c_mid = _polish(c, y, r0, (A, B, c_mid), a_grid, c_grid)
   rmse = np.sqrt(np.mean((sigmoid(c, r0, A, B, c_mid) - r) ** 2))
-  return dict(r0=float(r0), A=float(A), B=float(B), c_mid=float(c_mid), rmse=float(rmse))
+  return dict(r0=float(r0), A=float(A), B=float(B), c_mid=float(c_mid), rmse=float(rmse),
+              reasons=_sigmoid_reasons(A, B, c_mid, a_grid, c_grid, c))
+
+
+def _sigmoid_reasons(A, B, c_mid, a_grid, c_grid, c) -> list[str]:
+  """Why a sigmoid fit does not identify its parameters (empty: it does).
+
+  A parameter at the edge of its search is not determined by the data (the fit would go
+  further); a half-gain point past the last evaluation makes A an extrapolation.
+  """
+  out = []
+  step = 1e-6 + 1e-3 * (_B_BOUNDS[1] - _B_BOUNDS[0])
+  if B <= _B_BOUNDS[0] + step or B >= _B_BOUNDS[1] - step:
+    out.append(f"B at its bound ({B:.3g})")
+  if A >= a_grid.max() - 1e-9 and a_grid.size > 1:
+    out.append(f"A at its grid's top ({A:.3g})")
+  if c_mid <= c_grid.min() * 1.001 or c_mid >= c_grid.max() / 1.001:
+    out.append(f"C_mid at its grid's edge ({c_mid:.3g})")
+  if c_mid > c.max():
+    out.append(f"C_mid {c_mid:.3g} past the last evaluation {c.max():.3g}: A is an "
+               "extrapolation")
+  return out
 
 
 def _polish(c, y, r0, start, a_grid, c_grid):
@@ -270,7 +332,9 @@ def fit_sigmoid_interval(curves: list, reps: int = 500, seed: int = 0, level: fl
   alpha = (1 - level) / 2
   out = {k: (point[k], *(float(q) for q in np.quantile(v, [alpha, 1 - alpha])))
          if v else (point[k], float("nan"), float("nan")) for k, v in draws.items()}
-  out.update(failed=failed, reps=reps, fit=point)
+  out.update(failed=failed, reps=reps, fit=point, reasons=list(point["reasons"]))
+  if len(maps) < 3:
+    out["reasons"].append(f"{len(maps)} seed(s): too few to resample")
   return out
 
 
@@ -318,7 +382,9 @@ def fit_signal_noise(batches, grad_sq, level: float = 0.95) -> dict:
 
   b_simple = tr(Sigma)/|G|^2 (McCandlish et al. 2018). Intervals use the OLS standard errors
   with a t distribution; they are nan with fewer than 3 distinct B (two batch sizes determine
-  the line exactly and say nothing about its error).
+  the line exactly and say nothing about its error). `reasons` says why B_simple is not
+  identified: too few batches, or an interval of |G|^2 or tr(Sigma) that reaches zero (no
+  1/B trend above the noise, or no signal left).
   """
   b, g = _arrays(batches, grad_sq, min_points=2, what="fit_signal_noise")
   if (b <= 0).any():
@@ -327,28 +393,48 @@ def fit_signal_noise(batches, grad_sq, level: float = 0.95) -> dict:
   f = _ols(1 / b, g)
   nan2 = (float("nan"), float("nan"))
   g_iv, t_iv = nan2, nan2
+  reasons = []
   if np.unique(b).size >= 3 and f["dof"] > 0:
     t = sps.t.ppf(0.5 + level / 2, f["dof"])
     g_iv = (f["intercept"] - t * f["se_intercept"], f["intercept"] + t * f["se_intercept"])
     t_iv = (f["slope"] - t * f["se_slope"], f["slope"] + t * f["se_slope"])
+    if g_iv[0] <= 0:
+      reasons.append("the interval of |G|^2 reaches zero")
+    if t_iv[0] <= 0:
+      reasons.append("the interval of tr(Sigma) reaches zero (no 1/B trend above the noise)")
+  else:
+    reasons.append(f"{np.unique(b).size} distinct batches (3 are needed for an interval)")
   b_simple = f["slope"] / f["intercept"] if f["intercept"] > 0 else float("inf")
   return dict(grad_sq_true=f["intercept"], trace=f["slope"], b_simple=float(b_simple),
               r2=f["r2"], grad_sq_true_interval=tuple(map(float, g_iv)),
-              trace_interval=tuple(map(float, t_iv)))
+              trace_interval=tuple(map(float, t_iv)), reasons=reasons)
 
 
 def fit_generation_time(n, t) -> dict:
   """t = t0 + n / theta_max by least squares; n_gen = t0 * theta_max.
 
   Below n_gen a generation batch is latency-bound (t ~ t0), above it throughput-bound
-  (t ~ n / theta_max): n_gen is where the two asymptotes meet.
+  (t ~ n / theta_max): n_gen is where the two asymptotes meet. `reasons`: a non-positive t0 or
+  slope (no latency floor or no growth: the law does not describe the data), R^2 below 0.9,
+  or the crossing N_gen outside the batches measured (an extrapolation).
   """
   n, t = _arrays(n, t, min_points=2, what="fit_generation_time")
   _distinct(n, 2, "fit_generation_time")
   f = _ols(n, t)
   theta = 1 / f["slope"] if f["slope"] > 0 else float("inf")
-  return dict(t0=f["intercept"], theta_max=float(theta), n_gen=float(f["intercept"] * theta),
-              r2=f["r2"])
+  n_gen = f["intercept"] * theta
+  reasons = []
+  if f["intercept"] <= 0:
+    reasons.append(f"t0 = {f['intercept']:.3g} s is not positive")
+  if f["slope"] <= 0:
+    reasons.append("time does not grow with the batch")
+  if not f["r2"] >= 0.9:
+    reasons.append(f"R^2 {f['r2']:.2f} < 0.9")
+  if not reasons and not n.min() <= n_gen <= n.max():
+    reasons.append(f"N_gen = {n_gen:.3g} outside the batches measured "
+                   f"[{n.min():g}, {n.max():g}]")
+  return dict(t0=f["intercept"], theta_max=float(theta), n_gen=float(n_gen), r2=f["r2"],
+              reasons=reasons)
 
 
 def critical_generation_batch(n, throughput, within: float = 0.1) -> float:
@@ -368,8 +454,9 @@ def fit_linear(x, y) -> dict:
   return dict(slope=f["slope"], intercept=f["intercept"], r2=f["r2"])
 
 
-def fit_power(x, y) -> dict:
-  """y = coef x^exponent by least squares in log-log axes (R^2 of the log-log line).
+def fit_power(x, y, level: float = 0.95) -> dict:
+  """y = coef x^exponent by least squares in log-log axes, with the exponent's interval (t
+  distribution; nan with fewer than 3 points) and R^2 of the log-log line.
 
   E.g. grad norm against B next to the 1/sqrt(B) reference (exponent -0.5), or time against
   batch: an exponent below 1 means time grows sublinearly.
@@ -379,4 +466,39 @@ def fit_power(x, y) -> dict:
     raise ValueError("fit_power: x and y must be positive for a log-log fit")
   _distinct(x, 2, "fit_power")
   f = _ols(np.log(x), np.log(y))
-  return dict(exponent=f["slope"], coef=float(np.exp(f["intercept"])), r2=f["r2"])
+  lo = hi = float("nan")
+  if f["dof"] > 0:
+    t = sps.t.ppf(0.5 + level / 2, f["dof"])
+    lo, hi = f["slope"] - t * f["se_slope"], f["slope"] + t * f["se_slope"]
+  return dict(exponent=f["slope"], exponent_lo=float(lo), exponent_hi=float(hi),
+              coef=float(np.exp(f["intercept"])), r2=f["r2"])
+
+
+# --- 7. The learning rate per batch ----------------------------------------------------------
+
+def lr_optimum(lrs, responses) -> dict:
+  """The best learning rate of a scan, refined between grid points.
+
+  `responses`: responses to target at each lr (the median over seeds; inf: never reached).
+  The best grid value is refined by a parabola through log E at it and its two neighbours in
+  log lr (a minimum of the parabola within half a grid step either side), when both neighbours
+  reached the target. `at_edge` when the best value is the smallest or largest lr tried: the
+  optimum may lie outside the scan.
+  """
+  lr, e = (np.asarray(v, float).ravel() for v in (lrs, responses))
+  if lr.size != e.size or lr.size == 0:
+    raise ValueError(f"lr_optimum: {lr.size} learning rates but {e.size} values")
+  order = np.argsort(lr)
+  lr, e = lr[order], e[order]
+  if not np.isfinite(e).any():
+    return dict(lr=float("nan"), grid_lr=float("nan"), at_edge=False, reached=False)
+  i = int(np.argmin(e))
+  out = dict(grid_lr=float(lr[i]), lr=float(lr[i]), reached=True,
+             at_edge=bool(lr.size == 1 or i in (0, lr.size - 1)))
+  if 0 < i < lr.size - 1 and np.isfinite(e[i - 1]) and np.isfinite(e[i + 1]):
+    x = np.log(lr[i - 1:i + 2])
+    a, b, _ = np.polyfit(x, np.log(e[i - 1:i + 2]), 2)
+    if a > 0:
+      half = 0.5 * min(x[1] - x[0], x[2] - x[1])
+      out["lr"] = float(np.exp(np.clip(-b / (2 * a), x[1] - half, x[1] + half)))
+  return out
