@@ -85,21 +85,56 @@ def test_the_report_script_is_found_in_the_checkout():
   assert study_cli.report_script() == os.path.join(REPO, "analysis", "report.py")
 
 
-def test_the_shipped_cpu_study_declares_its_stages(tmp_path):
+def test_a_choice_per_group_extends_an_edge_until_it_is_inside(tmp_path):
+  """p=1's scan (lr 1, 2) has its optimum at 4: the study runs 4, then 8, and chooses 4; p=2's
+  optimum is inside its scan. The later stage takes each p's choice ("{lr}") and p=2's
+  ("{lr:p=2}"), running a point once when both are the same."""
+  r = study_cli(tmp_path, "--noreport", spec=STUDY + ":edge")
+  assert r.returncode == 0, r.stdout + r.stderr
+  with open(tmp_path / "st" / "study.json") as f:
+    record = json.load(f)
+  chosen = record["chosen"]["lr"]
+  assert chosen["values"] == {"p=1": 4.0, "p=2": 2.0} and chosen["per"] == ["p"]
+  assert record["stages"]["scan"]["extended"] == {"p=1": 2}
+  assert sorted({o["lr"] for o in record["stages"]["scan"]["extra"]}) == [4.0, 8.0]
+  table = {t["lr"]: t["median_responses_to_target"] for t in chosen["tables"]["p=1"]}
+  assert table == {1.0: 250, 2.0: 100, 4.0: 50, 8.0: 100}   # crossing the 0.25 target
+  assert record["target"]["value"] == 0.25 and record["target"]["plateau"] == 0.5
+  after = sorted(d for d in os.listdir(tmp_path / "st" / "after") if d.startswith("p="))
+  assert after == ["p=1,lr=2", "p=1,lr=4", "p=2,lr=2"]
+
+
+def test_choose_prefers_a_stable_rate_within_the_band():
+  runs = [{"overrides": {"lr": 1.0}, "responses_to_target": 400, "final": 0.60},
+          {"overrides": {"lr": 2.0}, "responses_to_target": 300, "final": 0.58},
+          {"overrides": {"lr": 4.0}, "responses_to_target": 200, "final": 0.45}]
+  value, table = study.choose(runs, "lr", band=0.05)
+  assert value == 2.0  # 4.0 is faster but ends 0.15 below the best final: not eligible
+  assert [t["eligible"] for t in table] == [True, True, False]
+  assert study.choose(runs, "lr")[0] == 4.0  # without a band
+
+
+def test_the_shipped_cpu_study_declares_its_stages(tmp_path, monkeypatch):
   r = subprocess.run([sys.executable, os.path.join(REPO, "launch", "study.py"),
                       "--study=configs/studies/chain_sum_cpu.py", f"--workdir={tmp_path}/st",
                       "--dry_run"], capture_output=True, text=True, timeout=300, cwd=REPO)
   assert r.returncode == 0, r.stderr
   heads = [line for line in r.stdout.splitlines() if not line.startswith("  ")]
   assert heads == [
-      "lr: sweep lr_tuning of configs/grpo_chain_sum.py, 6 points, chooses lr",
-      "batch: sweep batch_invariance of configs/grpo_chain_sum.py:lr={lr} (after the choice of "
-      "lr)",
-      "pairs: sweep group_vs_prompts of configs/grpo_chain_sum.py:lr={lr} (after the choice of "
-      "lr)",
-      "ppo: sweep actor_critic of configs/ppo_chain_sum.py, 4 points"]
-  # Its later stages are valid sweeps once the lr is chosen (checked before anything runs).
+      "grpo_lr: sweep lr_scan of configs/grpo_chain_sum.py, 32 points, chooses lr per p",
+      "grpo: sweep confirm of configs/grpo_chain_sum.py (after the choice of lr)",
+      "pairs: sweep pairs of configs/grpo_chain_sum.py (after the choice of lr)",
+      "ppo_lr: sweep lr_scan of configs/ppo_chain_sum.py, 12 points, chooses optim.lr per p",
+      "ppo: sweep confirm of configs/ppo_chain_sum.py (after the choice of optim.lr)"]
+  # Its later stages are valid sweeps once the rates are chosen (checked before anything runs).
   from rlscale.sweep import points
-  config = os.path.join(REPO, "configs", "grpo_chain_sum.py:lr=0.0002")
-  assert len(points.points(config, "batch_invariance", str(tmp_path / "b"))) == 18
-  assert len(points.points(config, "group_vs_prompts", str(tmp_path / "p"))) == 4
+  monkeypatch.chdir(REPO)
+  runner = study.StudyRunner("configs/studies/chain_sum_cpu.py", str(tmp_path / "st"))
+  runner.record["chosen"]["lr"] = {"per": ["p"], "values": {
+      f"p={p}": 1e-4 * p for p in (1, 2, 4, 8)}}
+  grpo = runner.points_of(runner.stages[1], str(tmp_path / "g"))
+  assert len(grpo) == 35  # 4 P x {own, p=2's} x 5 seeds, p=2's own and reference merged
+  assert {p.overrides["lr"] for p in grpo if p.overrides["p"] == 8} == {8e-4, 2e-4}
+  assert len(runner.points_of(runner.stages[2], str(tmp_path / "p"))) == 10
+  assert points.points("configs/ppo_chain_sum.py", "lr_scan", str(tmp_path / "q"))[0].overrides[
+      "critic.warmup_steps"] == 32  # 512 warm-up responses at P x G = 16

@@ -138,13 +138,23 @@ def point_name(overrides: dict[str, Any], varying: set[str],
 
 def points(config: str, sweep: str, sweep_dir: str) -> list[Point]:
   """The points of `sweep` declared in `config`, checked; a ConfigError names what is wrong."""
+  return build(config, sweep, declared_points(config, sweep), sweep_dir)
+
+
+def declared_points(config: str, sweep: str) -> list[dict]:
+  """The override dicts `sweep` declares in `config` (unchecked)."""
   sweeps = declared(config)
   if sweep not in sweeps:
     raise ConfigError(f"--sweep={sweep!r}: {config} declares no such sweep; it declares "
                       f"{', '.join(sorted(sweeps)) or 'none'}")
-  declared_points = sweeps[sweep]
-  if not declared_points:
+  if not sweeps[sweep]:
     raise ConfigError(f"--sweep={sweep}: the sweep has no points")
+  return list(sweeps[sweep])
+
+
+def build(config: str, sweep: str, declared_points: list[dict], sweep_dir: str) -> list[Point]:
+  """Points from override dicts (a sweep's, or a study's with its choices filled in), checked
+  against the config and named by the keys that vary among them."""
   base = config_files.load(config)
   aliases = dict(config_common.ALIASES)
   varying = {k for p in declared_points if isinstance(p, dict) for k in p

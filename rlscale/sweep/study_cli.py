@@ -54,13 +54,19 @@ def dry_run(runner) -> str:
   from rlscale.sweep import points, study
   lines = []
   for s in runner.stages:
-    if study._placeholders(s.config):
+    needs = list(study._placeholders(s.config))
+    if not needs:
+      for o in points.declared_points(s.config, s.sweep):
+        needs += [m.group(1) for v in o.values() if isinstance(v, str)
+                  for m in [study._REF.match(v)] if m and m.group(1) not in needs]
+    if needs:
       lines.append(f"{s.name}: sweep {s.sweep} of {s.config} (after the choice of "
-                   f"{', '.join(study._placeholders(s.config))})")
+                   f"{', '.join(needs)})")
       continue
     pts = points.points(s.config, s.sweep, os.path.join(runner.dir, s.name))
     lines.append(f"{s.name}: sweep {s.sweep} of {s.config}, {len(pts)} points"
-                 + (f", chooses {s.choose}" if s.choose else ""))
+                 + (f", chooses {s.choose}" + (f" per {', '.join(s.per)}" if s.per else "")
+                    if s.choose else ""))
     lines += [f"  {p.name}" for p in pts]
   return "\n".join(lines)
 

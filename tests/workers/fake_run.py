@@ -11,6 +11,7 @@ With --base_policy_only it prints a line and exits: 0, or 1 when FAKE_BASE_FAILS
 
 import fcntl
 import json
+import math
 import os
 import signal
 import sys
@@ -58,8 +59,22 @@ while step < steps:
     print(f"preempted: saved step {step}", flush=True)
     sys.exit(75)
 if first:
+  # A study reads config.json and the evaluations: a curve that reaches 0.5 at `rtt` responses
+  # (rtt x (1 + log2(lr / best_lr)^2) when best_lr is set: a scan with an optimum), else stays
+  # below it, and ends at `final`.
+  rtt = int(fields.get("rtt", 0))
+  lr, best = float(fields.get("lr", 1.0)), float(fields.get("best_lr", 0))
+  if rtt and best:
+    rtt = int(rtt * (1 + math.log2(lr / best) ** 2))
+  final = float(fields.get("final", 0.5))
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump({"target": {"metric": "accuracy", "value": 0.5}, "lr": lr}, f)
+  curve = ([(0, 0.0), (rtt, 0.5), (2 * rtt, max(final, 0.5))] if rtt
+           else [(0, 0.0), (1000, min(final, 0.49))])
+  with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+    f.writelines(json.dumps({"step": i, "responses_seen": x, "accuracy": y}) + "\n"
+                 for i, (x, y) in enumerate(curve))
   with open(os.path.join(workdir, "summary.json"), "w") as f:
-    rtt = int(fields.get("rtt", 0))
     json.dump({"step": step, "fields": fields, "config": args.get("config"),
                "target": {"metric": "accuracy", "value": 0.5},
                "responses_to_target": rtt or None, "accuracy": float(fields.get("final", 0.5))},
