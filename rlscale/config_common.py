@@ -63,7 +63,11 @@ def chain_sum_task() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.name = "chain_sum"  # sums of `terms` operands with a worked scratchpad (tasks/chain_sum.py)
   c.seed = 0  # problem streams and the held-out set derive from it
-  c.num_eval = 500  # size of the held-out set
+  # The held-out set: 2,000 problems put one evaluation's standard error near 0.011 (at 45%
+  # accuracy), well inside a study's 0.05 band. It also fixes the base policy (the SFT trains
+  # on the other problems): on the 2-core machine the base starts at 11.6% greedy and GRPO
+  # levels off near 60%.
+  c.num_eval = 2000
   c.terms = 4  # operands per problem: terms - 1 scratchpad steps (<= 23 tokens at 4 one-digit)
   c.digits = 1  # operands below 10**digits
   c.flaw = 0.65  # chance that a demonstration's step drops its ones carry (the base's headroom)
@@ -202,7 +206,8 @@ def rollout(max_new_tokens: int) -> ml_collections.ConfigDict:
 
 def evaluation() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.sampled = True  # also score one temperature-1 response per held-out problem
+  c.greedy = True  # score the greedy (temperature 0) response to every held-out problem
+  c.sampled = True  # score one temperature-1 response per held-out problem
   c.generation_batch = 512  # held-out rows per compiled decode call
   return c
 

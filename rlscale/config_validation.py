@@ -21,8 +21,9 @@ from rlscale.sampling import SamplingParams
 
 __all__ = ["ConfigError", "EVAL_METRICS", "check_directory", "validate"]
 
-# What rlscale.evaluation.Evaluator reports: eval/<key>_greedy, and eval/<key>_sampled with
-# eval.sampled (tests/test_bad_configs.py reads the names from rlscale/evaluation.py).
+# What rlscale.evaluation.Evaluator reports: eval/<key>_greedy with eval.greedy, and
+# eval/<key>_sampled with eval.sampled (tests/test_bad_configs.py reads the names from
+# rlscale/evaluation.py).
 _EVAL_KEYS = ("accuracy", "reward", "response_len", "finished")
 EVAL_METRICS = tuple(f"eval/{k}_{m}" for m in ("greedy", "sampled") for k in _EVAL_KEYS)
 _FRACTIONS = ("accuracy", "finished")  # metrics in [0, 1]
@@ -207,6 +208,11 @@ def _train(errors: list[str], cfg) -> None:
        why=" (held-out rows per compiled decode call)")
   if "sampled" in e:
     _bool(errors, "eval.sampled", e.sampled)
+  if "greedy" in e:
+    _bool(errors, "eval.greedy", e.greedy)
+    if e.greedy is False and e.get("sampled", False) is False:
+      errors.append("eval.greedy=False with eval.sampled=False: the held-out set would never "
+                    "be scored; keep one of them")
 
 
 def _rl(errors: list[str], cfg) -> None:
@@ -245,10 +251,13 @@ def _overlap(errors: list[str], cfg) -> None:
 def _target(errors: list[str], cfg) -> None:
   """The target is read from an evaluation metric: one that no evaluation reports is never met."""
   t = cfg.target
-  sampled = cfg.eval.get("sampled", False) is True
-  known = [m for m in EVAL_METRICS if sampled or m.endswith("_greedy")]
+  on = {"sampled": cfg.eval.get("sampled", False) is True,
+        "greedy": cfg.eval.get("greedy", True) is not False}
+  known = [m for m in EVAL_METRICS if on[m.rsplit("_", 1)[1]]]
   if t.metric not in known:
-    hint = " (eval.sampled=False: no *_sampled metric)" if t.metric in EVAL_METRICS else ""
+    off = [k for k, v in on.items() if not v]
+    hint = (f" (eval.{off[0]}=False: no *_{off[0]} metric)" if off and t.metric in EVAL_METRICS
+            else "")
     errors.append(f"target.metric={t.metric!r} is not an evaluation metric{hint}; known: "
                   f"{', '.join(known)}")
   fraction = isinstance(t.metric, str) and t.metric.split("/")[-1].split("_")[0] in _FRACTIONS

@@ -78,7 +78,8 @@ ADDED = {"mesh.roles": "colocated", "mesh.sampler_devices": 0, "mesh.sampler_sha
          "task.answer_field": "answer", "task.system_prompt": "",
          "task.instruction": "Put the final answer in \\boxed{}.", "task.enable_thinking": None,
          "task.grader": "numeric", "task.grader_regex": "", "task.grader_timeout_s": 2.0,
-         "task.demo_files": "", "task.demo_field": "response", "critic.optim.state_dtype": ""}
+         "task.demo_files": "", "task.demo_field": "response", "critic.optim.state_dtype": "",
+         "eval.greedy": True}
 
 
 def _flat(d: dict, prefix: str = "") -> dict:

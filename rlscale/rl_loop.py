@@ -83,7 +83,8 @@ class RLTrainer:
     self.evaluator = Evaluator(env.task, self.graphdef, self.meshes.sampler, env.rules,
                                max_new_tokens=ro.max_new_tokens,
                                generation_batch=cfg.eval.generation_batch,
-                               decode_chunk=ro.decode_chunk, sampled=cfg.eval.sampled)
+                               decode_chunk=ro.decode_chunk, sampled=cfg.eval.sampled,
+                               greedy=cfg.eval.greedy)
     self.prompt_level = any(m.prompt_level for m in self.algo.models.values())
     self.peak = flops.peak(cfg.train.peak_flops, jax.devices()[0].device_kind)
     self.rows = distributed.process_rows(self.plan.num_prompts)
@@ -218,7 +219,8 @@ class RLTrainer:
 
   def progress(self, row: dict[str, Any], last_eval: dict[str, float]) -> dict[str, Any]:
     return {"responses": self.counters["responses_seen"], "reward": float(row["reward/mean"]),
-            "eval acc": last_eval.get("eval/accuracy_greedy")}
+            "eval acc": last_eval.get("eval/accuracy_greedy",
+                                      last_eval.get("eval/accuracy_sampled"))}
 
   def finish(self, counters: dict[str, Any], last_eval: dict[str, float]) -> dict[str, Any]:
     """Export the policy and write summary.json."""

@@ -166,6 +166,11 @@ BAD = [
     row("grpo.py", "eval.generation_batch", 0, "eval.generation_batch=0 must be a positive"),
     row("sft.py", "eval.generation_batch", -64, "eval.generation_batch=-64 must be a positive"),
     row("grpo.py", "eval.sampled", "yes", "eval.sampled='yes' must be True or False"),
+    row("grpo.py", "eval.greedy", "no", "eval.greedy='no' must be True or False"),
+    row("grpo.py", "eval.greedy", False, "the held-out set would never be scored",
+        also={"eval.sampled": False}),
+    row("grpo.py", "target.metric", "eval/accuracy_greedy", "eval.greedy=False: no *_greedy",
+        also={"eval.greedy": False}),
     # init
     row("grpo.py", "init.hf_checkpoint", MISSING, "does not exist: give a Hugging Face folder"),
     row("grpo.py", "init.hf_checkpoint", CONFIG_ONLY, "lacks *.safetensors"),
