@@ -30,6 +30,7 @@ def summarize(cfg: ml_collections.ConfigDict, workdir: str, counters: dict[str, 
   out = {"kind": cfg.kind, "num_prompts": plan.num_prompts, "group_size": plan.group_size,
          "responses_per_step": plan.responses, "batch": plan.describe(), **counters,
          "devices": jax.device_count(), "processes": jax.process_count(),
+         "platform": jax.devices()[0].platform, "device_kind": jax.devices()[0].device_kind,
          "target": {"metric": cfg.target.metric, "value": cfg.target.value},
          "responses_to_target": counters.get("responses_to_target"),
          "time_to_target": counters.get("time_to_target"), **last_eval}
