@@ -38,18 +38,33 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   return c
 
 
+# PPO's batches in the CPU study: P = 4, 8, 16 prompts of G = 4 in one mini-batch, B = 16 ...
+# 64 responses per optimizer step (P x G varies, not only the mini-batch count). The critic
+# trains alone for its first 512 responses at every B (critic.warmup_steps = 512 / (P x G)
+# steps), so that the warm-up is the same number of responses at every batch, and the report
+# counts responses to target after it. The critic keeps its config lr (3e-4, no rule).
+PROMPTS, GROUP, REF_PROMPTS, WARMUP_RESPONSES = (4, 8, 16), 4, 8, 512
+
+
 def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
-  """actor_critic: the actor's and the critic's batch (responses per optimizer step, by their
-  mini-batch counts, together) at equal responses, each with its sqrt lr rule: how do their
-  gradient norms (signal and noise) follow the batch? Used by configs/studies/chain_sum_cpu.py."""
+  """lr_scan: the actor's learning rate at each P (4 rates around the sqrt rule from 1e-4 at
+  P = 8, one seed; the study chooses per P and extends an edge); confirm: each P at its chosen
+  rate ("{optim.lr}"), 3 fresh seeds. Evaluated as the GRPO study (grpo_chain_sum.SAMPLED).
+  Used by configs/studies/chain_sum_cpu.py."""
   tiny = "tiny" in (arg or "").split(",")
-  counts = [1, 2] if tiny else [1, 2, 4, 8]  # B = 512 ... 64 responses at P=128, G=4
-  # tiny: 4-row micro-batches, two passes per mini-batch of 8 for the noise scale.
-  micro = {"rl.microbatch": 4, "critic.microbatch": 4} if tiny else {}
+  prompts, group, ref, warmup = ((2, 4), 2, 2, 8) if tiny else (
+      PROMPTS, GROUP, REF_PROMPTS, WARMUP_RESPONSES)
+  each_p = sw.zip_axes({"p": list(prompts),
+                        "critic.warmup_steps": [max(1, warmup // (p * group)) for p in prompts]})
+  common_ = sw.fixed(**{"g": group, "responses": 32 if tiny else 3072,
+                        "rl.num_minibatches": 1, "critic.num_minibatches": 1,
+                        "train.eval_every_responses": 8 if tiny else 128,
+                        **grpo_chain_sum.SAMPLED, "optim.lr_scaling": "none",
+                        "optim.reference_batch": ref * group})
   return {
-      "actor_critic": sw.product(
-          sw.zip_axes({"rl.num_minibatches": counts, "critic.num_minibatches": counts}),
-          sw.fixed(**{"optim.lr_scaling": "sqrt", "critic.optim.lr_scaling": "sqrt",
-                      "train.eval_every_responses": 64 if tiny else 1024,
-                      "eval.sampled": False, "responses": 256 if tiny else 10240, **micro})),
+      "lr_scan": sw.product(
+          sw.chain(*(sw.product([pt], {"optim.lr": grpo_chain_sum.lr_grid(pt["p"], ref)})
+                     for pt in each_p)), {"seed": [0]}, common_),
+      "confirm": sw.product(each_p, {"optim.lr": ["{optim.lr}"]},
+                            {"seed": [1, 2] if tiny else [1, 2, 3]}, common_),
   }

@@ -1,17 +1,22 @@
-"""The CPU study: batch size on the chained-sum testbed, in under an hour on two cores.
+"""The CPU study: batch size on the chained-sum testbed, in under 90 minutes on two cores.
 
     python launch/study.py --study=configs/studies/chain_sum_cpu.py --workdir=runs/study \\
         --parallel=2
     python launch/study.py --study=configs/studies/chain_sum_cpu.py:tiny ...   # the tests' shape
 
 Stages (rlscale/sweep/study.py), in order:
-  lr     the learning rate at the reference batch (P=32, G=8: 256 responses per optimizer
-         step), 3 values x 2 seeds; the one reaching the target in the fewest responses is
-         used by every later stage, so that LR rules are compared from a tuned reference;
-  batch  P = 16 ... 256 at G=8 with the sqrt rule and with a fixed lr, 2 seeds, equal responses;
-  pairs  (P, G) = (16, 16) and (64, 4): equal P x G to the reference's (32, 8);
-  ppo    PPO's actor and critic at B = 512 ... 64 responses per optimizer step (their
-         mini-batch counts), for their gradient norms against the batch.
+  grpo_lr  GRPO's learning rate at every batch, P = 1 ... 8 at G = 8 (B = 8 ... 64
+           responses per optimizer step), 4 rates per P around the sqrt rule, 2 seeds; it sets
+           the study's target on the sampled held-out accuracy (70% of the way from the base to
+           the best median final value) and chooses the rate with the fewest responses to it
+           per P among the stable ones, extending a scan whose best rate is at its edge;
+  grpo     every P at its own best rate and at the reference batch's (P = 2, B0 = 16), 5 seeds
+           the scan did not choose with: where does invariance break at the best rate, and
+           what does a fixed rate cost?
+  pairs    (P, G) = (8, 4) and (2, 16), equal P x G to (4, 8), at that batch's best rate;
+  ppo_lr   PPO's actor rate at P x G = 16, 32, 64 (G = 4), 4 rates, 1 seed, chosen per P;
+  ppo      each at its chosen rate, 3 fresh seeds; the critic's 512 warm-up responses are
+           the same at every batch and counted apart.
 Then analysis/report.py writes <workdir>/report/.
 """
 
@@ -23,10 +28,11 @@ PPO = "configs/ppo_chain_sum.py"
 
 def stages(arg=None):
   tiny = ":tiny" if arg == "tiny" else ""
-  chosen = (",tiny" if tiny else "") + ",lr={lr}"
   return [
-      Stage("lr", GRPO + tiny, "lr_tuning", choose="lr"),
-      Stage("batch", GRPO + ":" + chosen.lstrip(","), "batch_invariance"),
-      Stage("pairs", GRPO + ":" + chosen.lstrip(","), "group_vs_prompts"),
-      Stage("ppo", PPO + tiny, "actor_critic"),
+      Stage("grpo_lr", GRPO + tiny, "lr_scan", choose="lr", per=("p",), extend=2 ** 0.5,
+            target_fraction=0.7),
+      Stage("grpo", GRPO + tiny, "confirm"),
+      Stage("pairs", GRPO + tiny, "pairs"),
+      Stage("ppo_lr", PPO + tiny, "lr_scan", choose="optim.lr", per=("p",), extend=2 ** 0.5),
+      Stage("ppo", PPO + tiny, "confirm"),
   ]
