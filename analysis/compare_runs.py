@@ -1,17 +1,19 @@
-"""Compare runs of different batch sizes: sample efficiency, system efficiency, time-to-target.
+"""Compare a few runs of different batch sizes: sample efficiency, system efficiency, time to
+target, as report.py measures them, without a study around them.
 
     python analysis/compare_runs.py runs/p16 runs/p64 --reference runs/p16 [--plot curves.png]
-    python analysis/compare_runs.py runs/bi --only='lr_scaling=sqrt,seed=0$' \
-        --reference='runs/bi/p=64,lr_scaling=sqrt,seed=0'       # a sweep's done points
+    python analysis/compare_runs.py runs/bi --only='seed=0$' --reference='runs/bi/p=64,seed=0'
 
-For each run: B (responses per optimizer step, also in prompts; rlscale/batch.py), effective lr, responses_to_target, time_to_target (and both
-relative to the reference), mean throughput, final B_simple. A run is *invariant* when its
-responses_to_target is within --rtt_tolerance (default 20%) of the reference's and its
-evaluation curve stays within --band (default 0.05) of the reference's at equal responses_seen
-(DESIGN.md); the critical training batch is the largest invariant B. With three or more runs that reached
-the target, the steps-samples trade-off S = S_min + E_min / B is fitted, with S the actor's
-optimizer steps to target and B responses per optimizer step (the batch the LR rules and
-B_simple use), and B_crit = E_min / S_min printed.
+For each run: B (responses per optimizer step, also in prompts; rlscale/batch.py), effective lr,
+responses to target (the crossing of the monotone fit of its evaluations, rlscale/crossing.py:
+it does not depend on how often the run evaluates) and time to target (that over the run's
+responses per second), both relative to the reference, its optimizer steps to target, and its
+final B_simple. A run is *invariant* (one-sided, DESIGN.md) when it needs at most
+(1 + --rtt_tolerance) x the reference's responses and its curve is nowhere more than --band
+below the reference's at equal responses seen; the critical training batch is the largest
+invariant B. With three or more batches that reached the target, E(B) = E_min (1 + B/B_crit) is
+fitted (analysis/fits.py) and printed with its diagnostics. One run per batch has no seeds to
+give intervals: use analysis/report.py on a sweep for those.
 """
 
 from __future__ import annotations
@@ -25,22 +27,19 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # rlscale
-from runs import Run, expand, load  # noqa: E402
+import fits  # noqa: E402
+import study_table as st  # noqa: E402
+from runs import expand  # noqa: E402
 
 
-def band_gap(run: Run, ref: Run, metric: str) -> float | None:
-  """Largest |run - ref| of `metric` at the responses_seen both evaluated at."""
-  a, b = dict(run.curve(metric)), dict(ref.curve(metric))
-  common = sorted(set(a) & set(b))
-  return max(abs(a[x] - b[x]) for x in common) if common else None
-
-
-def fit_tradeoff(batches, steps):
-  """(S_min, E_min, B_crit) from S = S_min + E_min / B by least squares."""
-  x = 1.0 / np.asarray(batches, float)
-  A = np.stack([np.ones_like(x), x], axis=1)
-  (s_min, e_min), *_ = np.linalg.lstsq(A, np.asarray(steps, float), rcond=None)
-  return float(s_min), float(e_min), float(e_min / s_min) if s_min > 0 else float("inf")
+def shortfall(run, ref, metric: str) -> float | None:
+  """How far `run`'s curve falls below `ref`'s at equal responses seen (negative: above)."""
+  import pandas as pd
+  def curve(r):
+    x, y = st.eval_curve(r, metric)
+    return pd.DataFrame({"responses_seen": x, "median": y})
+  gap = st.curve_shortfall(curve(run), curve(ref))
+  return None if np.isnan(gap) else gap
 
 
 def main(argv=None):
@@ -49,6 +48,7 @@ def main(argv=None):
   ap.add_argument("--only", help="only the runs whose directory name matches this regex")
   ap.add_argument("--reference", help="the run the others are compared with (default: first)")
   ap.add_argument("--metric", default=None, help="curve metric (default: the runs' target)")
+  ap.add_argument("--target", type=float, default=None, help="default: the reference's target")
   ap.add_argument("--band", type=float, default=0.05)
   ap.add_argument("--rtt_tolerance", type=float, default=0.2)
   ap.add_argument("--plot", help="write the curves to this PNG (needs matplotlib)")
@@ -56,39 +56,44 @@ def main(argv=None):
   paths = expand(args.runs, args.only)
   if not paths:
     ap.error(f"no runs in {args.runs}" + (f" match --only={args.only!r}" if args.only else ""))
-  runs = [load(p) for p in paths]
-  ref = load(args.reference) if args.reference else runs[0]
-  metric = args.metric or ref.summary.get("target", {}).get("metric", "eval/accuracy_greedy")
+  runs = [st.load_run(p)[0] for p in paths]
+  runs = [r for r in runs if r is not None]
+  ref = st.load_run(args.reference)[0] if args.reference else runs[0]
+  metric = args.metric or ref.config.get("target", {}).get("metric", "eval/accuracy_greedy")
+  target = ref.config.get("target", {}).get("value", 0.6) if args.target is None else args.target
+  ref_rtt = st.responses_to_target(ref, metric, target)
+  ref_ttt = ref_rtt / st.steady_throughput(ref)
   rows = []
   for run in sorted(runs, key=lambda r: r.batch):
-    s = run.summary
-    rtt, ttt = s.get("responses_to_target"), s.get("time_to_target")
-    ref_rtt, ref_ttt = ref.summary.get("responses_to_target"), ref.summary.get("time_to_target")
-    gap = band_gap(run, ref, metric)
-    invariant = (rtt is not None and ref_rtt and abs(rtt / ref_rtt - 1) <= args.rtt_tolerance
-                 and gap is not None and gap <= args.band)
+    rtt = st.responses_to_target(run, metric, target)
+    ttt = rtt / st.steady_throughput(run)
+    gap = shortfall(run, ref, metric)
+    reached = np.isfinite(rtt) and np.isfinite(ref_rtt)
+    invariant = bool(reached and rtt / ref_rtt <= 1 + args.rtt_tolerance
+                     and (gap is None or gap <= args.band))
     rows.append(dict(
         run=run.name, batch=run.batch, batch_prompts=run.plan.batch_prompts,
-        responses_per_step=run.responses_per_step, lr=run.last("actor/lr"),
-        optimizer_steps_to_target=run.optimizer_steps(rtt) if rtt else None,
-        responses_to_target=rtt, time_to_target=ttt,
-        rtt_vs_ref=rtt / ref_rtt if rtt and ref_rtt else None,
-        ttt_vs_ref=ttt / ref_ttt if ttt and ref_ttt else None,
-        final=run.last(metric), curve_gap=gap, invariant=bool(invariant),
-        responses_per_s=s.get("responses_per_s"),
+        responses_per_step=run.responses_per_step, lr=st.lr_of(run),
+        optimizer_steps_to_target=run.optimizer_steps(rtt) if np.isfinite(rtt) else None,
+        responses_to_target=rtt if np.isfinite(rtt) else None,
+        time_to_target=ttt if np.isfinite(ttt) else None,
+        rtt_vs_ref=rtt / ref_rtt if reached else None,
+        ttt_vs_ref=ttt / ref_ttt if reached else None,
+        final=run.last(metric), curve_shortfall=gap, invariant=invariant,
+        responses_per_s=run.summary.get("responses_per_s"),
         gen_tokens_per_s=run.mean("throughput/gen_tokens_per_s"),
         grad_norm=run.mean("actor/grad_norm"),
         b_simple_responses=run.last("actor/noise_responses/b_simple"),
         b_simple_prompts=run.last("actor/noise_prompts/b_simple")))
     print(json.dumps(rows[-1]))
   inv = [r["batch"] for r in rows if r["invariant"]]
-  out = dict(metric=metric, band=args.band, rtt_tolerance=args.rtt_tolerance,
+  out = dict(metric=metric, target=target, band=args.band, rtt_tolerance=args.rtt_tolerance,
              critical_training_batch=max(inv) if inv else None)
-  reached = [(r["batch"], r["optimizer_steps_to_target"]) for r in rows
-             if r["responses_to_target"]]
+  reached = {r["batch"]: [r["responses_to_target"]] for r in rows if r["responses_to_target"]}
   if len(reached) >= 3:
-    s_min, e_min, b_crit = fit_tradeoff(*zip(*reached))
-    out.update(s_min=s_min, e_min=e_min, b_crit=b_crit)
+    f = fits.critical_batch(reached, reps=200)
+    out.update({k: f.get(k) for k in ("b_crit", "e_min", "s_min", "residual", "identified")},
+               reasons=f["reasons"])
   print(json.dumps(out))
   if args.plot:
     import matplotlib

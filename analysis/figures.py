@@ -43,26 +43,31 @@ def _panels(n: int, width: float = 5.0, height: float = 3.6):
   return fig, list(axes.flat[:n])
 
 
-def lines(data: pd.DataFrame, xlabel: str, ylabel: str, logx: bool = False, logy: bool = False,
+def lines(data: pd.DataFrame, xlabel, ylabel, logx: bool = False, logy: bool = False,
           hband: tuple[float, float] | None = None, hline: float | None = None):
-  """One panel per `panel`, one line per (series, style); `hband` shades a horizontal band."""
+  """One panel per `panel`, one line per (series, style); `hband` shades a horizontal band.
+
+  An interval (lo..hi) is shaded in its line's colour, drawn after the line so the two match.
+  `xlabel`/`ylabel` may be a dict {panel: label} when panels measure different things.
+  """
   panels = list(dict.fromkeys(data["panel"])) if len(data) else [""]
   fig, axes = _panels(len(panels))
   for ax, panel in zip(axes, panels):
     d = data[data["panel"] == panel]
     for (series, style), g in d.groupby(["series", "style"], sort=False):
       g = g.sort_values("x")
-      if style == "band" or ("lo" in g and g["lo"].notna().any() and style != "points"):
-        ax.fill_between(g.x, g.lo, g.hi, alpha=0.2, color="gray" if style == "band" else None,
-                        label=f"{series} band" if style == "band" else None)
+      shaded = "lo" in g and g["lo"].notna().any()
       if style == "band":
+        ax.fill_between(g.x, g.lo, g.hi, alpha=0.2, color="gray", label=f"{series} band")
         continue
-      if style == "points" and "lo" in g and g["lo"].notna().any():
+      if style == "points" and shaded:
         err = np.abs(np.vstack([g.y - g.lo, g.hi - g.y]))
         ax.errorbar(g.x, g.y, yerr=np.where(np.isfinite(err), err, 0), fmt="o", ms=4,
                     capsize=2, label=series)
         continue
-      ax.plot(g.x, g.y, label=series, **_STYLE.get(style, {}))
+      (line,) = ax.plot(g.x, g.y, label=series, **_STYLE.get(style, {}))
+      if shaded:
+        ax.fill_between(g.x, g.lo, g.hi, alpha=0.2, color=line.get_color())
     if hband is not None:
       ax.axhspan(*hband, color="green", alpha=0.12, label="tolerance")
     if hline is not None:
@@ -75,7 +80,8 @@ def lines(data: pd.DataFrame, xlabel: str, ylabel: str, logx: bool = False, logy
     if logy:
       ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
       ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set(xlabel=xlabel, ylabel=ylabel, title=str(panel))
+    label = lambda v: v.get(panel, "") if isinstance(v, dict) else v  # noqa: E731
+    ax.set(xlabel=label(xlabel), ylabel=label(ylabel), title=str(panel))
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize=7)

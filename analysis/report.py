@@ -1,7 +1,7 @@
 """A study's report: from sweep directories to report.md, figures (PNG, PDF) and their CSVs.
 
     python analysis/report.py runs/study                 # writes runs/study/report/
-    python analysis/report.py runs/bi runs/ppo --out report --target 0.6 --stat median
+    python analysis/report.py runs/bi runs/ppo --out report --target 0.6 --tolerance 0.1
 
 DIR is a sweep directory (sweep.json), a study directory (one sweep per stage), or run
 directories. Every point is listed, the ones not used (failed, unfinished) with their status and
@@ -11,6 +11,7 @@ error. The sections and their formulas: DESIGN.md, "Analysis: what a study repor
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import sys
 import time
@@ -37,36 +38,40 @@ def parse(argv=None) -> argparse.Namespace:
   ap.add_argument("--metric", help="eval metric (default: the runs' target.metric)")
   ap.add_argument("--target", type=float, help="target value (default: the runs' target)")
   ap.add_argument("--targets", type=_floats, help="targets of the critical-batch fit, e.g. "
-                  "0.3,0.4,0.5 (default: 4 between the base and the best final value)")
-  ap.add_argument("--tolerance", type=float, default=0.2, help="responses-to-target tolerance")
-  ap.add_argument("--band", type=float, default=0.05, help="curve band around the reference")
-  ap.add_argument("--stat", choices=["iqm", "median"], default="iqm", help="stat over seeds")
+                  "0.4,0.45,0.5 (default: the target and 0.05 either side)")
+  ap.add_argument("--tolerance", type=float, default=0.2,
+                  help="a batch is invariant when it needs at most (1 + this) x the reference's "
+                  "responses ...")
+  ap.add_argument("--band", type=float, default=0.05,
+                  help="... and its curve is not below the reference's by more than this")
   ap.add_argument("--reps", type=int, default=2000, help="bootstrap reps of the intervals")
-  ap.add_argument("--fit_reps", type=int, default=50,
+  ap.add_argument("--fit_reps", type=int, default=500,
                   help="bootstrap reps of the fits' intervals (each one a refit)")
   ap.add_argument("--reference_batch", type=int, help="B0 (default: optim.reference_batch)")
   return ap.parse_args(argv)
 
 
 def _sections(study, table) -> list:
-  out = []
+  out, done = [], {}
   for fn in report_sections.sections():
     try:
-      out.append(fn(study, table))
+      sec = (fn(study, table, done) if "done" in inspect.signature(fn).parameters
+             else fn(study, table))
     except Exception as e:  # noqa: BLE001 - one bad section must not lose the others
       msg = f"{e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}"
       print(f"report.py: warning: section {fn.__name__} failed ({msg})", file=sys.stderr)
-      out.append(report_sections.Section(fn.__name__.replace("_", " "),
-                                         skipped=f"failed to compute ({msg})."))
+      sec = report_sections.Section(fn.__name__.replace("_", " "),
+                                    skipped=f"failed to compute ({msg}).")
+    done[fn.__name__] = sec
+    out.append(sec)
   return out
 
 
 def main(argv=None) -> int:
   args = parse(argv)
   opts = study_table.Options(metric=args.metric, target=args.target, targets=args.targets,
-                             tolerance=args.tolerance, band=args.band, stat=args.stat,
-                             reps=args.reps, fit_reps=args.fit_reps,
-                             reference_batch=args.reference_batch)
+                             tolerance=args.tolerance, band=args.band, reps=args.reps,
+                             fit_reps=args.fit_reps, reference_batch=args.reference_batch)
   if not args.out and len(args.dirs) > 1:
     print("report.py: error: --out is needed with several DIRs", file=sys.stderr)
     return 2
@@ -85,7 +90,8 @@ def main(argv=None) -> int:
       figures.save(fig.draw(fig.data), fig.data, out, fig.stem)
   study.runs.drop(columns=["path"]).to_csv(os.path.join(out, "runs.csv"), index=False)
   if not table.empty:
-    table.to_csv(os.path.join(out, "configurations.csv"), index=False)
+    report_md.interval_columns(table).to_csv(os.path.join(out, "configurations.csv"),
+                                             index=False)
   path = report_md.write(study, sections, out)
   print(f"wrote {path} ({time.time() - start:.1f} s)", file=sys.stderr)
   return 0

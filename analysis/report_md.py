@@ -35,6 +35,21 @@ def interval(point, lo, hi, final=None, unit: str = "") -> str:
   return body
 
 
+def iv(v, unit: str = "", final=None) -> str:
+  """A stats.Interval for people, with its seeds and coverage:
+  '4.2k [4.1k, 4.3k] (n=5, 94%)'; below 3 seeds 'range 4.1k–4.3k (n=2)'; one seed '(n=1)'."""
+  if v is None or pd.isna(v.point):
+    return "—"
+  if math.isinf(v.point) and v.point > 0:
+    head = "not reached" + (f" (final {num(final)})" if final is not None else "")
+    return head + (f" (n={v.n})" if v.n else "")
+  if not v.has_bounds:
+    return f"{num(v.point)}{unit} (n={v.n})"
+  if v.method == "range":
+    return f"{num(v.point)}{unit} (range {num(v.lo)}–{num(v.hi)}, n={v.n})"
+  return f"{num(v.point)}{unit} [{num(v.lo)}, {num(v.hi)}] (n={v.n}, {v.coverage:.0%})"
+
+
 def table(df: pd.DataFrame) -> str:
   """A markdown table of already formatted cells (no tabulate needed)."""
   if df.empty:
@@ -62,41 +77,75 @@ def _problems(study) -> str:
           "with evaluations are drawn dashed in the invariance curves):\n\n" + table(rows))
 
 
+def interval_columns(table: pd.DataFrame) -> pd.DataFrame:
+  """The configuration table for a CSV: each stats.Interval column `x_iv` as x_lo, x_hi, x_n
+  and x_coverage beside its point."""
+  out = table.copy()
+  for col in [c for c in table.columns if c.endswith("_iv")]:
+    name = col[:-3]
+    out[f"{name}_lo"] = [v.lo for v in table[col]]
+    out[f"{name}_hi"] = [v.hi for v in table[col]]
+    out[f"{name}_n"] = [v.n for v in table[col]]
+    out[f"{name}_coverage"] = [v.coverage for v in table[col]]
+    out = out.drop(columns=[col])
+  return out
+
+
 def _definitions(study) -> list[str]:
+  import stats
   o = study.opts
+  seeds = sorted({int(n) for n in study.verdict_runs().groupby("config").size()})
+  cover = ", ".join(f"{stats.median_interval(range(n)).coverage:.0%} at n={n}"
+                    for n in seeds if n >= 2)
+  ratio = ", ".join(f"{stats.ratio_coverage(n, n):.0%} at n={n}" for n in seeds if n >= 2)
   return [
-      f"- **Metric** `{study.metric}`, **target** {num(study.target)}; the stat over seeds is "
-      f"the {'interquartile mean' if o.stat == 'iqm' else 'median'} with a stratified "
-      f"bootstrap {95}% interval ({o.reps} reps; fits: {o.fit_reps} reps).",
+      f"- **Metric** `{study.metric}`, **target** {num(study.target)} ({study.target_note}).",
       "- **B** = responses per optimizer step (P×G/num_minibatches; also given in prompts).",
-      "- **Configuration** = the config values that vary across runs except `seed`: "
-      + (", ".join(f"`{k}`" for k in study.varying if k not in study.kind_only) or "(none)")
-      + (f" (and {len(study.kind_only)} fields set in one kind only, e.g. "
-         f"`{study.kind_only[0]}`)" if study.kind_only else "") + ".",
-      f"- **Responses to target** = first crossing of the eval curve smoothed over "
-      f"{o.window} evaluations (trailing), interpolated; never reached = ∞, shown as "
-      "'not reached (final X)'.",
+      "- **Configuration** = kind, P, G, mini-batches, the actor's effective learning rate and "
+      "the other config values that vary across runs and change the computation: "
+      + (", ".join(f"`{k}`" for k in study.varying) or "(none)") + ". Seeds, evaluation "
+      "spacing, run length, target and how the lr was written (base and rule) do not split "
+      "configurations.",
+      "- **Seeds**: a stage that chose a value (study.json) tunes; every verdict uses the other "
+      "stages' seeds of a configuration. Statistics over seeds are medians; a median's interval "
+      "is the distribution-free order-statistic one, printed with its seeds and exact coverage"
+      + (f" ({cover})" if cover else "") + "; below 3 seeds only the range is shown. A ratio's "
+      "interval is a percentile bootstrap, each side resampled within itself; its coverage, "
+      "measured by simulation at the seed counts used, is" + (f" {ratio}" if ratio else
+                                                              " printed beside it") + ".",
+      "- **Responses to target** = where the monotone (isotonic) fit of the raw evaluations "
+      "first reaches the target, interpolated between the two fitted evaluations around it "
+      "(rlscale/crossing.py): no smoothing window, so it does not depend on how often a run "
+      "evaluates; a PPO critic's warm-up responses are subtracted (shown beside). Never "
+      "reached = ∞ ('not reached (final X)'). **Steps to target** = the actor's optimizer "
+      f"steps by then; fewer than {o.min_steps} is flagged as a transient.",
       "- **Time to target** = responses to target / steady throughput (median over steps ≥ 2 "
       "of responses per step / (time/step − time/eval − time/checkpoint)).",
-      "- **Reference** = the configuration at B = B0 (optim.reference_batch) of the same kind "
-      "and LR rule; a configuration whose interval overlaps the reference's is not different.",
-      f"- **Invariant** B: responses-to-target ratio within 1 ± {o.tolerance:g} of the "
-      f"reference and the smoothed curve within ±{o.band:g} of the reference's at equal "
-      "responses seen; the largest invariant B is the largest B reached from B0 through "
-      "invariant batches only.",
+      f"- **Invariant** B (one-sided): it needs at most (1 + {o.tolerance:g})× the reference's "
+      f"responses to target and its median curve is nowhere more than {o.band:g} below the "
+      "reference's at equal responses seen (a faster or higher curve is not a break); the "
+      "largest invariant B is the largest reached from B0 through invariant batches only. "
+      "The sensitivity table varies tolerance, band and target.",
   ] + [f"- **Learning rate**: {n}." for n in study.lr_notes]
 
 
 def write(study, sections, out: str) -> str:
-  """report.md under `out` from the computed sections; returns its path."""
+  """report.md under `out` from the computed sections; returns its path. The verdict comes
+  first, then the claims of the reference study (a section with `lead` set), then the
+  definitions, the runs left out and each section."""
+  lead = [s for s in sections if getattr(s, "lead", False)]
+  body = [s for s in sections if not getattr(s, "lead", False)]
   lines = ["# Batch-size study report", "", "## Verdict", ""]
-  for s in sections:
+  for s in body:
+    lines += [f"- {v}" for v in s.verdict]
+  for s in lead:
+    lines += ["", f"## {s.title}", ""] + s.text + [""]
     lines += [f"- {v}" for v in s.verdict]
   lines += ["", "## Definitions", ""] + _definitions(study)
   lines += ["", "## Runs not used", "", _problems(study)]
   if study.warnings:
     lines += ["## Warnings", ""] + [f"- {w}" for w in study.warnings] + [""]
-  for i, s in enumerate(sections, 1):
+  for i, s in enumerate(body, 1):
     lines += [f"## {i}. {s.title}", ""]
     if s.skipped:
       lines += [f"Skipped: {s.skipped}", ""]

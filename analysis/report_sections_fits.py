@@ -1,5 +1,6 @@
-"""Sections 3 and 4: the critical training batch (steps-samples trade-off, McCandlish et al.
-2018) and the compute-performance curves (ScaleRL's sigmoid, Khatri et al. 2025)."""
+"""The critical training batch (E(B) = E_min (1 + B/B_crit), McCandlish et al. 2018) beside the
+measured gradient noise scale, and the compute-performance curves (ScaleRL's sigmoid, Khatri et
+al. 2025)."""
 
 from __future__ import annotations
 
@@ -11,270 +12,247 @@ import pandas as pd
 
 import figures
 import fits
+import stats
 import study_table as st
-from report_md import interval, num
-from report_sections import Figure, Section, batch_series
+from report_md import iv, num
+from report_sections import Figure, Section, study_series
 
 
-def default_targets(study: st.Study) -> list[float]:
-  """4 evenly spaced between the base policy's value and the best run's final value."""
-  used = study.used()
-  base, best = float(used.base.median()), float(used.final.max())
-  return [float(t) for t in np.linspace(base, best, 6)[1:-1]] if best > base else []
+def targets_of(study: st.Study, delta: float = 0.05) -> list[float]:
+  """The critical batch's targets: --targets, else the study's and `delta` either side."""
+  if study.opts.targets:
+    return list(study.opts.targets)
+  return [round(study.target + d, 4) for d in (-delta, 0.0, delta)]
 
 
-def _fit_series(table: pd.DataFrame) -> tuple[str, str] | None:
-  """(kind, rule) of the fit: GRPO if present, the sqrt rule, else the rule with most reached."""
-  kinds = list(table.kind.unique())
+def _primary(study: st.Study, table: pd.DataFrame):
+  """The series the fit is made on: the first kind's best lr series (GRPO's when present),
+  else its first series."""
+  ss = study_series(study, table)
+  if not ss:
+    return None
+  kinds = [s.kind for s in ss]
   kind = "grpo" if "grpo" in kinds else kinds[0]
-  d = table[table.kind == kind]
-  reached = d[np.isfinite(d.rtt)].groupby("lr_rule").size()
-  if "sqrt" in set(d.lr_rule) and reached.get("sqrt", 0) >= 3:
-    return kind, "sqrt"
-  return (kind, reached.idxmax()) if len(reached) else None
+  mine = [s for s in ss if s.kind == kind]
+  return next((s for s in mine if s.name == "best lr"), mine[0])
 
 
-def _tradeoff_at(study, table, kind, rule, target) -> dict:
-  configs = sorted(set(batch_series(table, kind, rule).config))  # a fixed order: same draws
-  vals = st.seed_values(study, target)
+def b_simple_values(study: st.Study, configs: list[str]) -> tuple[np.ndarray, str]:
+  """The runs' B_simple at their crossing, in responses: prompt-level (x G) where measured,
+  else response-level (biased low when responses share prompts); and which one it is."""
+  runs = study.verdict_runs()
+  runs = runs[runs.config.isin(configs)]
+  for col, what in (("b_simple_prompts", "prompt-level x G"),
+                    ("b_simple_responses", "response-level")):
+    v = runs[col].to_numpy(float)
+    v = v[np.isfinite(v) & (v > 0)]
+    if v.size:
+      return v, what
+  return np.zeros(0), "none measured"
+
+
+def _fit_at(study: st.Study, s, target: float) -> dict:
   points = {}
-  for c in configs:
-    pts = [(study.records[run].optimizer_steps(e), e)
-           for run, e in zip(vals[c]["run"], vals[c]["rtt"]) if math.isfinite(e)]
-    if pts:
-      points[c] = pts
-  row = dict(target=target, configs=len(points))
-  try:
-    iv = fits.tradeoff_interval(points, reps=study.opts.fit_reps, seed=study.opts.seed)
-  except (ValueError, RuntimeError) as e:
-    return dict(row, error=str(e).splitlines()[0], points=points)
-  for k in ("b_crit", "s_min", "e_min"):
-    row.update({k: iv[k][0], f"{k}_lo": iv[k][1], f"{k}_hi": iv[k][2]})
-  return dict(row, failed_reps=iv["failed"], error="", points=points)
+  for b, c in sorted(s.configs.items()):
+    v = st.seed_values(study, c, target=target)
+    if v.size:
+      points[b] = v
+  row = dict(target=target, batches=len(points))
+  if len(points) < 3:
+    return dict(row, identified=False, reasons=["fewer than 3 batches"], points=points)
+  f = fits.critical_batch(points, reps=study.opts.fit_reps, seed=study.opts.seed)
+  return dict(row, points=points, **f)
 
 
 def critical_batch(study: st.Study, table: pd.DataFrame) -> Section:
-  sec = Section("Critical training batch: steps vs responses to several targets")
-  series = _fit_series(table) if not table.empty else None
-  targets = study.opts.targets or default_targets(study)
-  if series is None or not targets:
-    sec.skipped = "no configuration reached any target (the trade-off needs 3 batches)."
+  sec = Section("Critical training batch and the gradient noise scale")
+  s = _primary(study, table) if not table.empty else None
+  if s is None or len(s.configs) < 3:
+    sec.skipped = "no series with 3 or more batches."
     return sec
-  kind, rule = series
-  rows = [_tradeoff_at(study, table, kind, rule, t) for t in targets]
-  ok = [r for r in rows if not r["error"]]
-  used = study.used()
-  mine = used[used.config.isin(batch_series(table, kind, rule).config)]
-  b_simple = float(np.nanmean(mine.b_simple)) if mine.b_simple.notna().any() else math.nan
-  res = pd.DataFrame([{k: v for k, v in r.items() if k != "points"} for r in rows])
-  res["b_simple"] = b_simple
-  res["b_crit_over_b_simple"] = res.get("b_crit", np.nan) / b_simple
-  sec.text.append(f"Fit on {kind} configurations with LR rule {rule} (one per B); S = the "
-                  "actor's optimizer steps, E = responses, per seed; B_simple = mean over the "
-                  "same runs of actor/noise_responses/b_simple over each run's second half.")
-  sec.tables.append(("B_crit per target (95% bootstrap interval over seeds)",
-                     _show(res)))
-  if not ok:
-    sec.verdict.append(f"Critical batch ({kind}, {rule}): no fit ({rows[0]['error']}).")
-    return sec
-  best = min(ok, key=lambda r: abs(r["target"] - study.target))
-  tol = fits.tolerance_batch(best["b_crit"], study.opts.tolerance)
-  sec.verdict.append(
-      f"Critical training batch ({kind}, {rule}) at target {num(best['target'])}: **B_crit = "
-      f"{interval(best['b_crit'], best['b_crit_lo'], best['b_crit_hi'])}** responses; measured "
-      f"B_simple {num(b_simple)} (B_crit/B_simple = {num(best['b_crit'] / b_simple)}); a "
-      f"{study.opts.tolerance:.0%} tolerance holds up to about B ≈ {num(tol)}.")
-  sec.figures += [_bcrit_figure(res), _se_figure(ok)]
+  fits_ = [_fit_at(study, s, t) for t in targets_of(study)]
+  bs, what = b_simple_values(study, list(s.configs.values()))
+  bs_iv = stats.median_interval(bs) if bs.size else stats.Interval(math.nan, n=0)
+  sec.text.append(
+      f"Fit on {s.kind} ({s.name}): E(B) = E_min (1 + B/B_crit) to the median responses to "
+      "target per batch, least squares in log E (multiplicative errors; McCandlish's "
+      "(S/S_min − 1)(E/E_min − 1) = 1 with S = E/B is the same law); B_crit's interval from "
+      f"{study.opts.fit_reps} resamples of the seeds within each batch. It is *not identified* "
+      "when E falls with B, when the residuals exceed the seeds' spread, or when B_crit lies "
+      "beyond the batches tried (then only a bound is given). B_simple: the runs' noise-scale "
+      f"estimates over [½, 3/2] of their crossing, {what}, median over runs.")
+  rows = []
+  for f in fits_:
+    rows.append(_row(f, bs))
+  res = pd.DataFrame(rows)
+  sec.facts.update(fits=fits_, b_simple=bs_iv, b_simple_what=what, series=s)
+  sec.tables.append((f"B_crit per target ({s.kind}, {s.name})", res.drop(columns=["_ratio"])))
+  at = min(fits_, key=lambda f: abs(f["target"] - study.target))
+  sec.verdict.append(_verdict(study, s, at, bs_iv, what, rows[fits_.index(at)]["_ratio"]))
+  sec.figures += [_e_figure(study, s, fits_), _bcrit_figure(fits_, bs_iv)]
   return sec
 
 
-def _show(res: pd.DataFrame) -> pd.DataFrame:
-  out = pd.DataFrame({"target": res.target, "configurations reached": res.configs})
-  if "b_crit" in res:
-    out["B_crit"] = [interval(*v) for v in zip(res.b_crit, res.b_crit_lo, res.b_crit_hi)]
-    out["S_min"] = [interval(*v) for v in zip(res.s_min, res.s_min_lo, res.s_min_hi)]
-    out["E_min"] = [interval(*v) for v in zip(res.e_min, res.e_min_lo, res.e_min_hi)]
-    out["B_crit/B_simple"] = res.b_crit_over_b_simple
-  out["fit"] = [e or "ok" for e in res.error]
-  return out
+def _ratio(f: dict, bs: np.ndarray, seed: int = 0) -> stats.Interval:
+  """B_crit / B_simple with an interval: the fit's bootstrap draws over resampled medians of
+  the runs' B_simple."""
+  draws = f.get("b_crit_draws")
+  if not f.get("identified") or draws is None or bs.size < 2:
+    return stats.Interval(math.nan, n=0)
+  rng = np.random.default_rng(seed)
+  med = np.median(bs[rng.integers(0, bs.size, (draws.size, bs.size))], axis=1)
+  q = draws / med
+  lo, hi = np.quantile(q, [0.025, 0.975])
+  return stats.Interval(f["b_crit"] / float(np.median(bs)), float(lo), float(hi),
+                        min(bs.size, min(f["n"])), math.nan, "bootstrap")
 
 
-def _bcrit_figure(res: pd.DataFrame) -> Figure:
-  ok = res[res.error == ""]
-  data = pd.concat([
-      pd.DataFrame({"panel": "", "series": "B_crit (fit)", "x": ok.target, "y": ok.b_crit,
-                    "lo": ok.b_crit_lo, "hi": ok.b_crit_hi, "style": "points"}),
-      pd.DataFrame({"panel": "", "series": "measured B_simple", "x": ok.target,
-                    "y": ok.b_simple, "lo": np.nan, "hi": np.nan, "style": "fit"})])
-  return Figure("3_bcrit_vs_target",
-                "Critical training batch B_crit = E_min/S_min per target with its 95% bootstrap "
-                "interval, and the runs' mean measured B_simple.\nMcCandlish et al. find B_crit "
-                "growing as the target gets harder; B_simple can underestimate it.",
-                data, functools.partial(figures.lines, xlabel="target", logy=True,
-                                        ylabel="batch (responses per optimizer step)"))
+def _row(f: dict, bs: np.ndarray) -> dict:
+  q = _ratio(f, bs)
+  n = "/".join(map(str, f.get("n", []))) if f.get("n") else "—"
+  if f.get("identified"):
+    bc = f"{num(f['b_crit'])} [{num(f['b_crit_lo'])}, {num(f['b_crit_hi'])}]"
+    e_min = f"{num(f['e_min'])} [{num(f['e_min_lo'])}, {num(f['e_min_hi'])}]"
+    s_min = f"{num(f['s_min'])} [{num(f['s_min_lo'])}, {num(f['s_min_hi'])}]"
+  else:
+    bound = f.get("bound")
+    bc = "not identified (" + "; ".join(f.get("reasons", [])) + ")" + (
+        f"; B_crit {'>' if bound[0] == 'lower' else '<'} {num(bound[1])}" if bound else "")
+    e_min = s_min = "—"
+  return {"target": f["target"], "batches": f["batches"], "seeds per batch": n,
+          "B_crit": bc, "E_min": e_min, "S_min": s_min,
+          "rms log residual": f.get("residual", math.nan),
+          "B_crit / B_simple": f"{num(q.point)} [{num(q.lo)}, {num(q.hi)}]"
+          if q.has_bounds else "—", "_ratio": q}
 
 
-def _se_figure(ok: list[dict]) -> Figure:
+def _verdict(study, s, f, bs_iv, what, q) -> str:
+  head = f"Critical training batch ({s.kind}, {s.name}) at target {num(f['target'])}: "
+  bs_text = (f"measured B_simple at the crossing {iv(bs_iv)} responses ({what})"
+             if not math.isnan(bs_iv.point) else "B_simple not measured")
+  if f.get("identified"):
+    tol = fits.tolerance_batch(f["b_crit"], study.opts.tolerance)
+    return (head + f"**B_crit = {num(f['b_crit'])} [{num(f['b_crit_lo'])}, "
+            f"{num(f['b_crit_hi'])}]** responses (seeds per batch {'/'.join(map(str, f['n']))})"
+            f", S_min = {num(f['s_min'])} steps; {bs_text}; B_crit/B_simple = "
+            f"{num(q.point)} [{num(q.lo)}, {num(q.hi)}]; E stays within "
+            f"{study.opts.tolerance:.0%} of E_min up to B ≈ {num(tol)}.")
+  bound = f.get("bound")
+  return (head + "**not identified** (" + "; ".join(f.get("reasons", [])) + ")"
+          + (f": B_crit {'>' if bound[0] == 'lower' else '<'} {num(bound[1])} responses"
+             if bound else "") + f"; {bs_text}.")
+
+
+def _e_figure(study, s, fits_) -> Figure:
   parts = []
-  for r in ok:
-    s, e = np.array([p for pts in r["points"].values() for p in pts]).T
-    name = f"target {num(r['target'])}"
-    parts.append(pd.DataFrame({"panel": "", "series": name, "x": e, "y": s, "style": "points"}))
-    grid = np.geomspace(r["e_min"] * 1.02, e.max() * 2, 60)
-    parts.append(pd.DataFrame({"panel": "", "series": name + " fit", "x": grid,
-                               "y": r["s_min"] * grid / (grid - r["e_min"]), "style": "fit"}))
-  return Figure("3_steps_vs_responses",
-                "Optimizer steps S vs responses E to each target (one point per run) with the "
-                "fitted hyperbola (S/S_min − 1)(E/E_min − 1) = 1.\nThe knee is at "
-                "S = 2 S_min, E = 2 E_min; past it more responses buy few steps.",
-                pd.concat(parts, ignore_index=True),
-                functools.partial(figures.lines, xlabel="responses E", ylabel="steps S",
-                                  logx=True, logy=True))
+  for f in fits_:
+    name = f"target {num(f['target'])}"
+    pts = f.get("points", {})
+    for b, v in pts.items():
+      fin = v[np.isfinite(v)]
+      parts.append(pd.DataFrame({"panel": "", "series": name, "x": float(b),
+                                 "y": fin if fin.size else [np.nan], "style": "points"}))
+    if f.get("identified"):
+      b = np.geomspace(min(pts), max(pts), 40)
+      parts.append(pd.DataFrame({"panel": "", "series": f"{name} fit", "x": b,
+                                 "y": f["e_min"] * (1 + b / f["b_crit"]), "style": "fit"}))
+  return Figure("4_responses_vs_batch",
+                f"Responses to target E vs B, one point per seed ({s.kind}, {s.name}), with "
+                "E = E_min (1 + B/B_crit) where the fit identifies B_crit (dotted).\nFlat: "
+                "more batch costs no extra responses (steps fall as 1/B); the knee is at "
+                "B = B_crit, where E has doubled.", pd.concat(parts, ignore_index=True),
+                functools.partial(figures.lines, xlabel="B (responses per optimizer step)",
+                                  ylabel="responses to target", logx=True, logy=True))
 
+
+def _bcrit_figure(fits_, bs_iv) -> Figure:
+  ok = [f for f in fits_ if f.get("identified")]
+  data = pd.DataFrame({"panel": "", "series": "B_crit (fit)", "x": [f["target"] for f in ok],
+                       "y": [f["b_crit"] for f in ok], "lo": [f["b_crit_lo"] for f in ok],
+                       "hi": [f["b_crit_hi"] for f in ok], "style": "points"})
+  bound = [f for f in fits_ if not f.get("identified") and f.get("bound")]
+  if bound:
+    data = pd.concat([data, pd.DataFrame({
+        "panel": "", "series": "B_crit bound (not identified)",
+        "x": [f["target"] for f in bound], "y": [f["bound"][1] for f in bound],
+        "style": "points"})], ignore_index=True)
+  if not math.isnan(bs_iv.point):
+    x = [f["target"] for f in fits_]
+    data = pd.concat([data, pd.DataFrame({"panel": "", "series": "measured B_simple",
+                                          "x": x, "y": bs_iv.point, "lo": bs_iv.lo,
+                                          "hi": bs_iv.hi, "style": "line"})], ignore_index=True)
+  return Figure("4_bcrit_vs_target",
+                "Critical training batch B_crit per target with its interval (where identified; "
+                "a bound where not), and the runs' B_simple at the crossing with its interval."
+                "\nMcCandlish et al. find B_crit growing as the target gets harder; B_simple "
+                "can underestimate it.", data,
+                functools.partial(figures.lines, xlabel="target", logy=True,
+                                  ylabel="batch (responses per optimizer step)"))
+
+
+# --- compute-performance curves -------------------------------------------------------------
 
 def _seed_curves(study: st.Study, config: str) -> list:
-  used = study.used()
-  out = [st.eval_curve(study.records[r], study.metric) for r in used[used.config == config].run]
+  runs = study.verdict_runs()
+  out = [st.eval_curve(study.records[r], study.metric) for r in runs[runs.config == config].run]
   return [c for c in out if c[0].size >= 4]
 
 
-def _sigmoid_row(study: st.Study, r) -> tuple[dict, pd.DataFrame | None]:
-  curves = _seed_curves(study, r.config)
-  row = dict(configuration=r.label, kind=r.kind, lr_rule=r.lr_rule, B=int(r.B))
+def _sigmoid_row(study: st.Study, b: int, config: str, label: str, panel: str):
+  curves = _seed_curves(study, config)
+  row = dict(configuration=label, B=b, seeds=len(curves))
   if not curves:
-    return dict(row, error="fewer than 4 evaluations"), None
+    return dict(row, fit="not identified (fewer than 4 evaluations)"), None
   try:
-    # n seeds have few distinct resamples (3 for 2 seeds): more reps only refit the same.
-    reps = min(study.opts.fit_reps, 10 * len(curves))
-    iv = fits.fit_sigmoid_interval(curves, reps=reps, seed=study.opts.seed)
-    c = st.config_curve(study, r.config)
-    ex = fits.extrapolation_check(c.responses_seen, c["median"])
+    f = fits.fit_sigmoid_interval(curves, reps=min(study.opts.fit_reps, 200),
+                                  seed=study.opts.seed)
   except (ValueError, RuntimeError) as e:
-    return dict(row, error=str(e).splitlines()[0]), None
+    return dict(row, fit=f"not identified ({str(e).splitlines()[0]})"), None
+  p = f["fit"]
   for k in ("A", "B", "c_mid"):
-    row.update({f"fit_{k}": iv[k][0], f"fit_{k}_lo": iv[k][1], f"fit_{k}_hi": iv[k][2]})
-  f = iv["fit"]
-  row.update(r0=f["r0"], rmse=f["rmse"], extrapolated=ex["predicted"], measured=ex["measured"],
-             extrapolation_error=ex["error"], c_final=ex["c_final"], error="")
+    row[k] = f"{num(f[k][0])} [{num(f[k][1])}, {num(f[k][2])}]"
+  row.update(rmse=p["rmse"], fit="ok" if not f["reasons"] else
+             "not identified (" + "; ".join(f["reasons"]) + ")")
+  c = st.config_curve(study, config)
   grid = np.geomspace(max(c.responses_seen[c.responses_seen > 0].min(), 1),
                       c.responses_seen.max(), 50)
-  panel = f"{r.kind} {r.lr_rule}"
   data = pd.concat([
-      pd.DataFrame({"panel": panel, "series": f"B={r.B}", "x": c.responses_seen,
+      pd.DataFrame({"panel": panel, "series": f"B={b}", "x": c.responses_seen,
                     "y": c["median"], "style": "points"}),
-      pd.DataFrame({"panel": panel, "series": f"B={r.B} fit", "x": grid, "style": "fit",
-                    "y": fits.sigmoid(grid, f["r0"], f["A"], f["B"], f["c_mid"])})])
+      pd.DataFrame({"panel": panel, "series": f"B={b} fit", "x": grid, "style": "fit",
+                    "y": fits.sigmoid(grid, p["r0"], p["A"], p["B"], p["c_mid"])})])
   return row, data
-
-
-def _each_config(study: st.Study, table: pd.DataFrame, fit) -> tuple[list, list]:
-  """`fit(study, configuration)` over each kind and LR rule's batch series: (its rows, its
-  figure data where it had some)."""
-  rows, parts = [], []
-  for kind, rule in table[["kind", "lr_rule"]].drop_duplicates().itertuples(index=False):
-    for r in batch_series(table, kind, rule).itertuples():
-      row, data = fit(study, r)
-      rows.append(row)
-      if data is not None:
-        parts.append(data)
-  return rows, parts
-
-
-def _flops_curve(run, metric: str) -> tuple[list, list] | None:
-  """(cumulative model FLOPs, metric) at each evaluation, from the rows' flops/step; None when a
-  step lacks it (runs from before it was logged)."""
-  total, xs, ys = 0.0, [], []
-  for row in run.rows:
-    if row.get("step", 0) > 0:
-      if not isinstance(row.get("flops/step"), (int, float)):
-        return None
-      total += row["flops/step"]
-    if isinstance(row.get(metric), (int, float)):
-      xs.append(total)
-      ys.append(float(row[metric]))
-  return xs, ys
-
-
-def _flops_fit(study: st.Study, r) -> tuple[dict, pd.DataFrame | None]:
-  """The sigmoid in FLOPs of one configuration: mean FLOPs and median metric per evaluation."""
-  used = study.used()
-  curves = [_flops_curve(study.records[run], study.metric)
-            for run in used[used.config == r.config].run]
-  row = dict(configuration=r.label)
-  if not curves or any(c is None for c in curves):
-    return dict(row, error="no flops/step"), None
-  n = min(len(c[0]) for c in curves)
-  x = np.mean([c[0][:n] for c in curves], axis=0)
-  y = np.median([c[1][:n] for c in curves], axis=0)
-  try:
-    f = fits.fit_sigmoid(x, y)
-  except (ValueError, RuntimeError) as e:
-    return dict(row, error=str(e).splitlines()[0]), None
-  grid = np.geomspace(x[x > 0].min(), x.max(), 50)
-  panel = f"{r.kind} {r.lr_rule}"
-  data = pd.concat([
-      pd.DataFrame({"panel": panel, "series": f"B={r.B}", "x": x, "y": y, "style": "points"}),
-      pd.DataFrame({"panel": panel, "series": f"B={r.B} fit", "x": grid, "style": "fit",
-                    "y": fits.sigmoid(grid, f["r0"], f["A"], f["B"], f["c_mid"])})])
-  return dict(row, A=f["A"], B=f["B"], C_mid_flops=f["c_mid"], rmse=f["rmse"], error=""), data
-
-
-def _flops_section(study: st.Study, table: pd.DataFrame, sec: Section) -> None:
-  rows, parts = _each_config(study, table, _flops_fit)
-  if not parts:
-    sec.text.append("FLOPs: absent (no flops/step in the runs' metrics: runs from before it "
-                    "was logged); curves are in responses only.")
-    return
-  sec.text.append("In FLOPs: the same fit against the model FLOPs the runs spent (the sum of "
-                  "flops/step: generation, log-probs and updates, as rlscale/flops.py counts "
-                  "them), seeds' FLOPs averaged and metric's median per evaluation.")
-  sec.tables.append(("Sigmoid fits in FLOPs (point fits)", pd.DataFrame(rows)))
-  sec.figures.append(Figure(
-      "4_compute_curves_flops", f"`{study.metric}` vs model FLOPs spent (median over seeds) "
-      "with the fitted sigmoid, one panel per kind and LR rule.\nA batch that needs more FLOPs "
-      "for the same gain spends them on responses, extra forwards or updates.",
-      pd.concat(parts, ignore_index=True),
-      functools.partial(figures.lines, xlabel="model FLOPs", ylabel=study.metric, logx=True)))
 
 
 def compute_curves(study: st.Study, table: pd.DataFrame) -> Section:
   sec = Section("Compute–performance curves")
-  if table.empty:
-    sec.skipped = "no finished run."
+  ss = [s for s in study_series(study, table) if s.name == "best lr"] or \
+      study_series(study, table)[:1]
+  if table.empty or not ss:
+    sec.skipped = "no batch series."
     return sec
-  rows, parts = _each_config(study, table, _sigmoid_row)
-  res = pd.DataFrame(rows)
-  sec.text += [f"R(C) = R0 + (A − R0)/(1 + (C_mid/C)^B) with C in responses, fitted per "
-               f"configuration (grid over A and C_mid, B by least squares) on the mean of its "
-               f"seeds; intervals: min({study.opts.fit_reps}, 10 × seeds) bootstrap reps over "
-               "seeds. "
-               "Extrapolation: fitted on the first half of the responses, predicted at the end."]
+  rows, parts = [], []
+  for s in ss:
+    for b, c in sorted(s.configs.items()):
+      label = table[table.config == c].label.iloc[0]
+      row, data = _sigmoid_row(study, b, c, label, f"{s.kind} {s.name}")
+      rows.append(row)
+      if data is not None:
+        parts.append(data)
+  sec.text.append("R(C) = R0 + (A − R0)/(1 + (C_mid/C)^B) with C in responses, fitted per "
+                  "configuration to the mean of its seeds' curves (grid over A and C_mid, B by "
+                  "least squares), intervals from resampling seeds. A fit whose parameter sits "
+                  "at a bound, or whose half-gain point lies past the data (A then extrapolates),"
+                  " is *not identified*. No verdict is drawn from A: the runs end on their "
+                  "plateau's data, and the final values are in the decision table.")
   sec.tables.append(("Sigmoid fits (A: asymptote, B: efficiency, C_mid: half-gain responses)",
-                     _show_sigmoid(res)))
+                     pd.DataFrame(rows)))
   if parts:
     sec.figures.append(Figure(
-        "4_compute_curves", f"`{study.metric}` vs responses (points: median over seeds) with "
-        "the fitted sigmoid (dotted), one panel per kind and LR rule.\nA higher asymptote A "
-        "is a better final policy; a smaller C_mid reaches half the gain sooner.",
+        "7_compute_curves", f"`{study.metric}` vs responses (points: median over seeds) with "
+        "the fitted sigmoid (dotted), one panel per series.\nA smaller C_mid reaches half the "
+        "gain sooner; the fit is a description, not a forecast past the data.",
         pd.concat(parts, ignore_index=True),
         functools.partial(figures.lines, xlabel="responses seen", ylabel=study.metric,
                           logx=True)))
-    # A is resolved only once the curve has passed its half-gain point.
-    good = res[(res.error == "") & (res.get("fit_c_mid", np.inf) < res.get("c_final", 0))]
-    if len(good):
-      top = good.loc[good.fit_A.idxmax()]
-      sec.verdict.append(f"Highest fitted asymptote: {top.configuration}: A = "
-                         f"{interval(top.fit_A, top.fit_A_lo, top.fit_A_hi)} (extrapolation "
-                         f"error from half the data: {num(top.extrapolation_error)}).")
-  _flops_section(study, table, sec)
   return sec
-
-
-def _show_sigmoid(res: pd.DataFrame) -> pd.DataFrame:
-  if "fit_A" not in res:
-    return res
-  iv = lambda k: [interval(*v) for v in zip(res[k], res[k + "_lo"], res[k + "_hi"])]  # noqa
-  return pd.DataFrame({"configuration": res.configuration, "A": iv("fit_A"), "B": iv("fit_B"),
-                       "C_mid": iv("fit_c_mid"), "rmse": res.rmse,
-                       "predicted at end (half fit)": res.extrapolated,
-                       "measured": res.measured, "fit": [e or "ok" for e in res.error]})

@@ -1,4 +1,5 @@
-"""Section 7: learning-rate rules (and the LR tuning at B0) and configurations of equal P x G."""
+"""The learning rate at every batch (does the best rate follow the sqrt, linear or no rule; what
+does a fixed rate cost?) and configurations of equal P x G."""
 
 from __future__ import annotations
 
@@ -9,105 +10,209 @@ import numpy as np
 import pandas as pd
 
 import figures
+import fits
 import stats
 import study_table as st
-from report_md import interval, num
-from report_sections import Figure, Section
+from report_md import iv, num
+from report_sections import Figure, Section, ratio, study_series
+
+RULES = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}  # the exponent of lr in B of each rule
 
 
-def lr_tuning(study: st.Study) -> pd.DataFrame:
-  """Runs at B0 per base learning rate: responses to target and final metric over seeds."""
-  ok = study.runs[(study.runs.problem == "") & (study.runs.B == study.runs.B0)]
-  if ok.empty or ok.groupby("kind").lr.nunique().max() < 2:
-    return pd.DataFrame()
-  o, rows = study.opts, []
-  for (kind, lr), g in ok.groupby(["kind", "lr"]):
-    rtt = stats.bootstrap_interval(g.responses_to_target, o.stat, o.reps, seed=o.seed)
-    fin = stats.bootstrap_interval(g.final, o.stat, o.reps, seed=o.seed)
-    rows.append({"kind": kind, "lr": lr, "seeds": len(g), "used": bool(g.lr_chosen.all()),
-                 "responses to target": interval(*rtt, final=fin[0]),
-                 "final": interval(*fin)})
+def scan_table(study: st.Study, kind: str, g: int) -> pd.DataFrame:
+  """Every (B, lr) the study ran for `kind` at G = g, all seeds (tuning and verdict): median
+  responses to target and final value with their intervals."""
+  used = study.used()
+  used = used[(used.kind == kind) & (used.G == g)]
+  rows = []
+  for (b, lr), r in used.groupby(["B", "lr"]):
+    e = r.responses_to_target.to_numpy(float)
+    rows.append(dict(B=int(b), P=int(r.P.iloc[0]), lr=float(lr), seeds=len(r),
+                     roles="+".join(sorted(set(r.role))), rtt_iv=stats.median_interval(e),
+                     final_iv=stats.median_interval(r.final.to_numpy(float)),
+                     rtt=float(np.median(e))))
   return pd.DataFrame(rows)
 
 
-def _rule_rows(table: pd.DataFrame) -> pd.DataFrame:
-  return pd.DataFrame({"panel": table.kind, "series": table.lr_rule, "x": table.B,
-                       "y": table.rtt.replace(np.inf, np.nan),
-                       "lo": table.rtt_lo.replace(np.inf, np.nan),
-                       "hi": table.rtt_hi.replace(np.inf, np.nan), "style": "line",
-                       "G": table.G, "reached": np.isfinite(table.rtt)})
+def lr_optima(scan: pd.DataFrame) -> pd.DataFrame:
+  """Per B: the best lr of its scan (fits.lr_optimum), refined between grid points."""
+  out = []
+  for b, g in scan.groupby("B"):
+    f = fits.lr_optimum(g.lr, g.rtt)
+    out.append(dict(B=int(b), tried=len(g), **f))
+  return pd.DataFrame(out)
+
+
+def lr_exponent(study: st.Study, kind: str, g: int, reps: int = 500) -> dict:
+  """The exponent a of lr*(B) ∝ B^a, with an interval from resampling seeds within every
+  (B, lr) and refitting, and the rules (none 0, sqrt 0.5, linear 1) the interval admits."""
+  used = study.used()
+  used = used[(used.kind == kind) & (used.G == g)]
+  cells = {(int(b), float(lr)): r.responses_to_target.to_numpy(float)
+           for (b, lr), r in used.groupby(["B", "lr"])}
+  def fit(draw):
+    scan = pd.DataFrame([dict(B=b, lr=lr, rtt=np.median(v)) for (b, lr), v in draw.items()])
+    opt = lr_optima(scan)
+    opt = opt[np.isfinite(opt.lr)]
+    if opt.B.nunique() < 2:
+      return math.nan
+    return fits.fit_power(opt.B, opt.lr)["exponent"]
+  point = fit(cells)
+  rng = np.random.default_rng(study.opts.seed)
+  draws = [fit({k: v[rng.integers(0, v.size, v.size)] for k, v in cells.items()})
+           for _ in range(reps)]
+  draws = np.asarray([d for d in draws if np.isfinite(d)])
+  out = dict(exponent=point, n_batches=len({b for b, _ in cells}),
+             seeds=int(min(v.size for v in cells.values())) if cells else 0)
+  if draws.size and np.isfinite(point):
+    lo, hi = np.quantile(draws, [0.025, 0.975])
+    out.update(lo=float(lo), hi=float(hi),
+               rules=[name for name, a in RULES.items() if lo <= a <= hi])
+  return out
+
+
+def learning_rate(study: st.Study, table: pd.DataFrame) -> Section:
+  sec = Section("The learning rate at every batch")
+  if table.empty:
+    sec.skipped = "no finished run."
+    return sec
+  for kind in sorted(table.kind.unique()):
+    g = st.main_group_size(table, kind)
+    scan = scan_table(study, kind, g)
+    if scan.empty or scan.groupby("B").lr.nunique().max() < 2:
+      continue
+    opt = lr_optima(scan)
+    sec.tables.append((f"{kind}: responses to target per B and lr (median [interval] (seeds, "
+                       "coverage); every seed of the scan and of later stages)", pd.DataFrame({
+                           "B": scan.B, "P": scan.P, "lr": scan.lr, "stages": scan.roles,
+                           "responses to target": [iv(r.rtt_iv, final=r.final_iv.point)
+                                                   for r in scan.itertuples()],
+                           "final": [iv(r.final_iv) for r in scan.itertuples()]})))
+    edges = opt[opt.at_edge & (opt.tried > 1)]
+    sec.tables.append((f"{kind}: the best lr per B (grid value, refined by a parabola in log "
+                       "lr; at edge: the scan's smallest or largest)", opt.assign(
+                           lr=opt.lr.map(num), grid_lr=opt.grid_lr.map(num))))
+    ex = lr_exponent(study, kind, g, reps=min(study.opts.fit_reps, 500))
+    if "lo" in ex:
+      rules = ", ".join(ex["rules"]) or "none of none, sqrt, linear"
+      sec.verdict.append(
+          f"{kind}: the best lr grows as B^{num(ex['exponent'])} [{num(ex['lo'])}, "
+          f"{num(ex['hi'])}] over {ex['n_batches']} batches ({ex['seeds']}+ seeds per rate; "
+          f"sqrt = 0.5, linear = 1, none = 0): the interval admits {rules}"
+          + (f"; the best lr is at its scan's edge at B = "
+             f"{', '.join(map(str, edges.B))} (the optimum may lie beyond)" if len(edges)
+             else "") + ".")
+    sec.figures.append(_lr_figure(kind, scan, opt))
+  _fixed_cost(study, table, sec)
+  if not sec.tables:
+    sec.skipped = "no batch was run at two or more learning rates."
+  return sec
+
+
+def _fixed_cost(study: st.Study, table: pd.DataFrame, sec: Section) -> None:
+  """Per B: responses to target at the reference's lr over those at the batch's best lr."""
+  by = {(s.kind, s.name): s for s in study_series(study, table)}
+  for s in [s for s in by.values() if s.name == "best lr"]:
+    fixed = [f for f in by.values() if f.kind == s.kind and f.name.startswith("fixed lr")
+             and f.reference == s.reference]
+    if not fixed:
+      continue
+    f = fixed[0]
+    rows = []
+    for b in sorted(set(s.configs) & set(f.configs)):
+      if s.configs[b] == f.configs[b]:
+        continue
+      q = ratio(study, f.configs[b], s.configs[b])
+      rows.append(dict(B=b, fixed=table[table.config == f.configs[b]].label.iloc[0],
+                       best=table[table.config == s.configs[b]].label.iloc[0], ratio=q))
+    if not rows:
+      continue
+    d = pd.DataFrame(rows)
+    sec.facts.setdefault("fixed_cost", {})[s.kind] = d
+    sec.tables.append((f"{s.kind}: what the reference's lr costs at other batches (responses "
+                       f"to target at {f.name} / at the best lr)",
+                       d.assign(ratio=[iv(q, "×") for q in d.ratio])))
+    worst = max(rows, key=lambda r: r["ratio"].point)
+    sec.verdict.append(f"{s.kind}: keeping the reference's lr ({f.name}) costs up to "
+                       f"{iv(worst['ratio'], '×')} the responses of the best lr (at B = "
+                       f"{worst['B']}); per B: " + ", ".join(
+                           f"{r['B']}: {num(r['ratio'].point)}×" for r in rows) + ".")
+
+
+def _lr_figure(kind: str, scan: pd.DataFrame, opt: pd.DataFrame) -> Figure:
+  parts = [pd.DataFrame({"panel": f"{kind}: responses to target per lr", "series": f"B={b}",
+                         "x": g.lr, "y": g.rtt.replace(np.inf, np.nan), "style": "line"})
+           for b, g in scan.groupby("B")]
+  ok = opt[np.isfinite(opt.lr)]
+  panel = f"{kind}: best lr per B"
+  parts.append(pd.DataFrame({"panel": panel, "series": "best lr", "x": ok.B, "y": ok.lr,
+                             "style": "line"}))
+  if len(ok):
+    b = np.geomspace(ok.B.min(), ok.B.max(), 20)
+    b_mid = float(np.exp(np.mean(np.log(ok.B))))
+    lr_mid = float(np.exp(np.mean(np.log(ok.lr))))
+    for name, a in RULES.items():
+      parts.append(pd.DataFrame({"panel": panel, "series": f"{name} rule", "x": b,
+                                 "y": lr_mid * (b / b_mid) ** a, "style": "fit"}))
+  return Figure(f"3_lr_per_batch_{kind}",
+                f"{kind}: responses to target against the learning rate, one line per B "
+                "(median over all seeds; gaps never reached), and the best lr per B with the "
+                "none / sqrt / linear rules through the same middle.\nA rule is right when the "
+                "best lr follows its line; a best lr at a scan's end may lie beyond it.",
+                pd.concat(parts, ignore_index=True),
+                functools.partial(figures.lines, logx=True, logy=True, xlabel={
+                    f"{kind}: responses to target per lr": "learning rate",
+                    f"{kind}: best lr per B": "B (responses per optimizer step)"}, ylabel={
+                    f"{kind}: responses to target per lr": "responses to target",
+                    f"{kind}: best lr per B": "best learning rate"}))
 
 
 def equal_pg_groups(table: pd.DataFrame) -> list[pd.DataFrame]:
-  """Configurations with the same kind, LR rule and P x G but different (P, G)."""
+  """Verdict configurations with the same kind, P x G, mini-batches and lr but different
+  (P, G)."""
   out = []
-  for _, g in table.groupby(["kind", "lr_rule", "responses_per_step", "num_minibatches"]):
+  d = table[table.tuning_seeds == 0]
+  for _, g in d.groupby(["kind", "responses_per_step", "num_minibatches", "lr"]):
     g = g.sort_values("n_seeds", ascending=False).drop_duplicates(["P", "G"])
     if len(g) >= 2:
       out.append(g.sort_values("G"))
   return out
 
 
-def _pair_rows(study: st.Study, g: pd.DataFrame, main_g: int) -> tuple[list, list]:
-  o = study.opts
-  vals = st.seed_values(study)
-  main = g[g.G == main_g]
-  base = (main if len(main) else g).iloc[0]
-  panel = f"{base.kind} {base.lr_rule} P×G={base.responses_per_step}"
-  rows, curves = [], []
-  for r in g.itertuples():
-    a, b = (np.asarray(vals[c]["rtt"], float) for c in (r.config, base.config))
-    ratio = (stats.ratio_interval(a, b, o.stat, o.reps, seed=o.seed)
-             if not (np.isinf(a).all() and np.isinf(b).all()) else (math.nan,) * 3)
-    rows.append({"P×G": r.responses_per_step, "configuration": r.label, "versus": base.label,
-                 "responses to target": interval(r.rtt, r.rtt_lo, r.rtt_hi, r.final),
-                 "ratio": interval(*ratio, unit="×"), "ratio_point": ratio[0]})
-    c = st.config_curve(study, r.config)
-    curves.append(pd.DataFrame({"panel": panel, "series": f"P={r.P} G={r.G}",
-                                "x": c.responses_seen, "y": c["median"], "lo": c.lo,
-                                "hi": c.hi, "style": "line"}))
-  return rows, curves
-
-
-def rules_and_pairs(study: st.Study, table: pd.DataFrame) -> Section:
-  sec = Section("LR rules and equal P×G")
-  tuning = lr_tuning(study)
-  if not tuning.empty:
-    sec.tables.append(("LR tuning at B0 (runs at the reference batch per base lr)", tuning))
-  if table.empty:
-    sec.skipped = "no finished run."
-    return sec
-  rules = sorted(table.lr_rule.unique())
-  pivot = table.assign(cell=[interval(r.rtt, r.rtt_lo, r.rtt_hi, r.final)
-                             for r in table.itertuples()])
-  pivot = pivot[pivot.G == [st.main_group_size(table, k) for k in pivot.kind]]
-  pivot = pivot.pivot_table(index=["kind", "B"], columns="lr_rule", values="cell",
-                            aggfunc="first").reset_index()
-  sec.tables.append((f"Responses to target per LR rule ({', '.join(rules)}) at each B", pivot))
-  sec.figures.append(Figure(
-      "7_rtt_per_rule", "Responses to target vs B (log x), one line per LR rule and panel per "
-      "kind, 95% interval shaded.\nThe lowest line is the best rule at that batch; missing "
-      "points never reached the target.", _rule_rows(table),
-      functools.partial(figures.lines, xlabel="B (responses per optimizer step)",
-                        ylabel="responses to target", logx=True)))
-  groups = equal_pg_groups(table)
+def pairs(study: st.Study, table: pd.DataFrame) -> Section:
+  sec = Section("Equal P×G: does only the product matter?")
+  groups = equal_pg_groups(table) if not table.empty else []
   if not groups:
-    sec.text.append("Equal P×G: no two configurations share P×G with different (P, G).")
+    sec.skipped = "no two configurations share P×G and lr with different (P, G)."
     return sec
   rows, curves = [], []
   for g in groups:
-    r, c = _pair_rows(study, g, st.main_group_size(table, g.kind.iloc[0]))
-    rows += r
-    curves += c
-  pairs = pd.DataFrame(rows)
-  sec.tables.append(("Equal P×G: responses to target relative to the main G",
-                     pairs.drop(columns=["ratio_point"])))
-  for r in rows:
-    if r["configuration"] != r["versus"]:
-      sec.verdict.append(f"Equal P×G = {r['P×G']}: {r['configuration']} needs "
-                         f"{r['ratio']} the responses of {r['versus']}.")
+    main_g = st.main_group_size(table, g.kind.iloc[0])
+    main = g[g.G == main_g]
+    base = (main if len(main) else g).iloc[0]
+    panel = f"{base.kind} P×G={base.responses_per_step} lr={num(base.lr)}"
+    for r in g.itertuples():
+      q = ratio(study, r.config, base.config) if r.config != base.config else None
+      rows.append({"P×G": r.responses_per_step, "configuration": r.label,
+                   "versus": base.label, "responses to target": iv(r.rtt_iv, final=r.final),
+                   "ratio": iv(q, "×") if q else "1 (itself)", "q": q})
+      c = st.config_curve(study, r.config)
+      curves.append(pd.DataFrame({"panel": panel, "series": f"P={r.P} G={r.G}",
+                                  "x": c.responses_seen, "y": c["median"], "lo": c.lo,
+                                  "hi": c.hi, "style": "line"}))
+      if q:
+        differs = q.has_bounds and not (q.lo <= 1 <= q.hi)
+        sec.verdict.append(f"Equal P×G = {r.responses_per_step}: {r.label} needs {iv(q, '×')} "
+                           f"the responses of {base.label}" + (
+                               " (different: the interval excludes 1)" if differs else
+                               " (not different: the interval includes 1)" if q.has_bounds
+                               else ""))
+  d = pd.DataFrame(rows)
+  sec.facts["pairs"] = d
+  sec.tables.append(("Responses to target of equal P×G, relative to the main G",
+                     d.drop(columns=["q"])))
   sec.figures.append(Figure(
-      "7_equal_PxG_curves", f"`{study.metric}` vs responses for configurations of equal P×G "
+      "5_equal_PxG_curves", f"`{study.metric}` vs responses for configurations of equal P×G "
       "(median over seeds, seed range shaded), one panel per P×G.\nOverlapping curves mean "
       "only the product P×G matters, not how it splits into prompts and responses.",
       pd.concat(curves, ignore_index=True),

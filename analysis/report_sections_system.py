@@ -1,5 +1,4 @@
-"""Sections 5-7: actor vs critic gradient signal and noise, generation vs training time, and
-learning-rate rules with equal P x G."""
+"""Actor vs critic gradient signal and noise in one window, and generation vs training time."""
 
 from __future__ import annotations
 
@@ -13,8 +12,8 @@ import figures
 import fits
 import stats
 import study_table as st
-from report_md import interval, num
-from report_sections import Figure, Section, batch_series
+from report_md import iv, num
+from report_sections import Figure, Section
 
 _MODELS = {"actor": "actor/grad_norm", "critic": "critic/grad_norm"}
 
@@ -28,24 +27,31 @@ def _trained(run, key: str) -> list[tuple[float, float]]:
 
 
 def grad_points(study: st.Study) -> pd.DataFrame:
-  """Per run and model: its B and mean |g|^2 and |g| over a matched window of responses seen,
-  per kind and model the middle third of the span every one of their runs trained in."""
+  """Per run and model: its B, mean |g|^2 and |g|, and B_simple over one window of responses
+  seen per kind, the same for the actor and the critic: the middle third of the span in which
+  every model of every run of the kind trained (after any critic warm-up)."""
   out = []
-  for kind, group in study.used().groupby("kind"):
+  for kind, group in study.verdict_runs().groupby("kind"):
     runs = [(r.run, study.records[r.run]) for r in group.itertuples()]
-    for model, key in _MODELS.items():
-      series = {name: _trained(run, key) for name, run in runs if model in run.plan.models}
-      series = {k: v for k, v in series.items() if v}
-      if not series:
-        continue
-      start = max(v[0][0] for v in series.values())
-      end = min(v[-1][0] for v in series.values())
-      lo, hi = start + (end - start) / 3, start + 2 * (end - start) / 3
-      for name, pts in series.items():
-        g = [y for x, y in pts if lo <= x <= hi] or [min(pts, key=lambda p: abs(p[0] - lo))[1]]
-        out.append(dict(run=name, kind=kind, model=model, lo=lo, hi=hi,
-                        B=study.records[name].plan.models[model].minibatch,
-                        grad_sq=float(np.mean(np.square(g))), grad_norm=float(np.mean(g))))
+    series = {(name, m): _trained(run, key) for name, run in runs
+              for m, key in _MODELS.items() if m in run.plan.models}
+    series = {k: v for k, v in series.items() if v}
+    if not series:
+      continue
+    start = max(v[0][0] for v in series.values())
+    end = min(v[-1][0] for v in series.values())
+    if not end > start:
+      continue
+    lo, hi = start + (end - start) / 3, start + 2 * (end - start) / 3
+    for (name, model), pts in series.items():
+      g = [y for x, y in pts if lo <= x <= hi] or [min(pts, key=lambda p: abs(p[0] - lo))[1]]
+      run = study.records[name]
+      unit = "prompts" if any(f"{model}/noise_prompts/grad_sq_est" in r for r in run.rows) \
+          else "responses"
+      out.append(dict(run=name, kind=kind, model=model, lo=lo, hi=hi,
+                      B=run.plan.models[model].minibatch, grad_sq=float(np.mean(np.square(g))),
+                      grad_norm=float(np.mean(g)), unit=unit,
+                      b_simple=st.b_simple_in(run, lo, hi, unit, model)))
   return pd.DataFrame(out)
 
 
@@ -58,20 +64,16 @@ def actor_critic(study: st.Study, table: pd.DataFrame) -> Section:
   rows, sq, norm = [], [], []
   for (kind, model), g in pts.groupby(["kind", "model"]):
     if g.B.nunique() < 2 or (g.grad_sq > 0).sum() < 2:
-      sec.text.append(f"{kind} {model}: skipped (grad norms at fewer than two batch sizes, or "
-                      "all zero: no reward signal).")
+      sec.text.append(f"{kind} {model}: skipped (grad norms at fewer than two batch sizes).")
       continue
     f = fits.fit_signal_noise(g.B, g.grad_sq)
-    pos = g[g.grad_norm > 0]  # a zero gradient (no reward signal yet) has no logarithm
-    p = (fits.fit_power(pos.B, pos.grad_norm) if pos.B.nunique() >= 2
-         else dict(exponent=math.nan, coef=math.nan))
-    rows.append(dict(kind=kind, model=model, runs=len(g), lo=g.lo.iloc[0], hi=g.hi.iloc[0],
-                     grad_sq_true=f["grad_sq_true"],
-                     trace=f["trace"], b_simple_fit=f["b_simple"], r2=f["r2"],
-                     grad_sq_lo=f["grad_sq_true_interval"][0],
-                     grad_sq_hi=f["grad_sq_true_interval"][1],
-                     trace_lo=f["trace_interval"][0], trace_hi=f["trace_interval"][1],
-                     norm_exponent=p["exponent"]))
+    p = fits.fit_power(g.B, g.grad_norm)
+    bs = g.b_simple.to_numpy(float)
+    bs = bs[np.isfinite(bs) & (bs > 0)]
+    rows.append(dict(kind=kind, model=model, runs=len(g), batches=g.B.nunique(),
+                     lo=g.lo.iloc[0], hi=g.hi.iloc[0], fit=f, power=p,
+                     measured=stats.median_interval(bs) if bs.size else None,
+                     unit=g.unit.mode().iloc[0]))
     panel = f"{kind} {model}"
     inv = np.linspace(0, 1 / g.B.min(), 20)
     sq += [pd.DataFrame({"panel": panel, "series": "runs", "x": 1 / g.B, "y": g.grad_sq,
@@ -88,42 +90,54 @@ def actor_critic(study: st.Study, table: pd.DataFrame) -> Section:
   if not rows:
     sec.skipped = "no model with nonzero grad norms at two or more batch sizes."
     return sec
-  res = pd.DataFrame(rows)
-  windows = "; ".join(f"{r.kind} {r.model} [{num(r.lo)}, {num(r.hi)}]" for r in res.itertuples())
-  sec.text.append("Mean squared grad norm per run over a matched window of responses seen (per "
-                  "kind and model, the middle third of the span where all its runs trained: "
-                  f"{windows}), regressed on 1/B: E|g_B|² = |G|² + tr Σ/B; "
-                  "B_simple = tr Σ/|G|².")
-  sec.tables.append(("Signal and noise per model (95% intervals from the regression)",
-                     _show(res)))
-  for r in res.itertuples():
-    resolved = r.grad_sq_true > 0 and r.trace > 0  # else noise hides the 1/B trend
-    fit = (f"B_simple from the fit = {num(r.b_simple_fit)}" if resolved else
-           "B_simple not resolvable (a non-positive |G|² or tr Σ: no 1/B trend above noise)")
-    sec.verdict.append(f"{r.kind} {r.model}: {fit} "
-                       f"(|G|² {num(r.grad_sq_true)}, tr Σ {num(r.trace)}); grad norm ∝ "
-                       f"B^{r.norm_exponent:.2f} (−0.5 would be pure noise).")
+  windows = "; ".join(sorted({f"{r['kind']} [{num(r['lo'])}, {num(r['hi'])}]" for r in rows}))
+  sec.text.append("Per run, the mean squared grad norm and the noise-scale estimates over one "
+                  "window of responses seen per kind, the same for the actor and the critic "
+                  f"(the middle third of the span where every model of every run trained: "
+                  f"{windows}); the squared norms regressed on 1/B: E|g_B|² = |G|² + tr Σ/B, "
+                  "B_simple = tr Σ/|G|². Measured B_simple: the runs' own estimates in the "
+                  "window (prompt-level x G where measured), median over runs.")
+  sec.facts["rows"] = rows
+  sec.tables.append(("Signal and noise per model (95% intervals from the regression; the "
+                     "exponent's from the log-log fit)", _show(rows)))
+  for r in rows:
+    f, p = r["fit"], r["power"]
+    fit = (f"B_simple from the 1/B fit = {num(f['b_simple'])}" if not f["reasons"] else
+           "B_simple from the 1/B fit not identified (" + "; ".join(f["reasons"]) + ")")
+    expo = (f"grad norm ∝ B^{num(p['exponent'])} [{num(p['exponent_lo'])}, "
+            f"{num(p['exponent_hi'])}] over {r['runs']} runs at {r['batches']} batches "
+            "(−0.5 would be pure noise, 0 a batch-independent norm)")
+    meas = (f"; measured B_simple {iv(r['measured'])} responses" if r["measured"] else "")
+    sec.verdict.append(f"{r['kind']} {r['model']}: {expo}; {fit}{meas}.")
   sec.figures += [
-      Figure("5_grad_sq_vs_inverse_batch", "Squared gradient norm vs 1/B, one point per run, "
+      Figure("6_grad_sq_vs_inverse_batch", "Squared gradient norm vs 1/B, one point per run, "
              "with the line |G|² + tr Σ/B per kind and model.\nThe intercept is the signal "
              "|G|², the slope the noise tr Σ; their ratio is B_simple.",
              pd.concat(sq, ignore_index=True),
              functools.partial(figures.lines, xlabel="1/B", ylabel="|g|²")),
-      Figure("5_grad_norm_vs_batch", "Gradient norm vs B (log-log) per kind and model with the "
+      Figure("6_grad_norm_vs_batch", "Gradient norm vs B (log-log) per kind and model with the "
              "power-law fit and the 1/√B reference.\nA slope near −0.5 means noise dominates; "
-             "a flat line (e.g. the critic) means the batch barely changes it.",
+             "a flat line means the batch barely changes it.",
              pd.concat(norm, ignore_index=True),
              functools.partial(figures.lines, xlabel="B", ylabel="grad norm", logx=True,
                                logy=True))]
   return sec
 
 
-def _show(res: pd.DataFrame) -> pd.DataFrame:
-  return pd.DataFrame({
-      "kind": res.kind, "model": res.model, "runs": res.runs,
-      "|G|²": [interval(*v) for v in zip(res.grad_sq_true, res.grad_sq_lo, res.grad_sq_hi)],
-      "tr Σ": [interval(*v) for v in zip(res.trace, res.trace_lo, res.trace_hi)],
-      "B_simple (fit)": res.b_simple_fit, "R²": res.r2, "grad norm exponent": res.norm_exponent})
+def _show(rows: list[dict]) -> pd.DataFrame:
+  def ci(v, lo_hi):
+    return f"{num(v)} [{num(lo_hi[0])}, {num(lo_hi[1])}]"
+  return pd.DataFrame([{
+      "kind": r["kind"], "model": r["model"], "runs": r["runs"], "batches": r["batches"],
+      "|G|²": ci(r["fit"]["grad_sq_true"], r["fit"]["grad_sq_true_interval"]),
+      "tr Σ": ci(r["fit"]["trace"], r["fit"]["trace_interval"]),
+      "B_simple (fit)": num(r["fit"]["b_simple"]) if not r["fit"]["reasons"] else
+      "not identified (" + "; ".join(r["fit"]["reasons"]) + ")",
+      "R²": r["fit"]["r2"],
+      "grad norm exponent": f"{num(r['power']['exponent'])} [{num(r['power']['exponent_lo'])},"
+                            f" {num(r['power']['exponent_hi'])}]",
+      "measured B_simple": iv(r["measured"]) if r["measured"] else "—",
+      "unit": r["unit"]} for r in rows])
 
 
 def _median_after(rows: list[dict], keys: tuple[str, ...]) -> float:
@@ -136,12 +150,13 @@ def _median_after(rows: list[dict], keys: tuple[str, ...]) -> float:
 def time_points(study: st.Study) -> pd.DataFrame:
   out = []
   for r in study.used().itertuples():
-    rows = study.records[r.run].rows
+    run = study.records[r.run]
     out.append(dict(run=r.run, kind=r.kind, chips=int(r.chips), responses=int(r.responses_per_step),
-                    generate_s=_median_after(rows, ("time/generate",)),
-                    train_s=_median_after(rows, ("time/actor_update", "time/critic_update",
-                                                 "time/logprobs")),
-                    train_tokens=_median_after(rows, ("train_tokens",))))
+                    platform=run.summary.get("platform", "unknown"),
+                    generate_s=_median_after(run.rows, ("time/generate",)),
+                    train_s=_median_after(run.rows, ("time/actor_update", "time/critic_update",
+                                                     "time/logprobs")),
+                    train_tokens=_median_after(run.rows, ("train_tokens",))))
   return pd.DataFrame(out)
 
 
@@ -157,15 +172,11 @@ def _timing_fits(g: pd.DataFrame) -> dict:
   gen, tr = gen[gen.generate_s > 0], tr[(tr.train_s > 0) & (tr.train_tokens > 0)]
   out = {}
   if _varies(gen.responses):
-    out.update(fits.fit_generation_time(gen.responses, gen.generate_s))
-    out["gen_exponent"] = fits.fit_power(gen.responses, gen.generate_s)["exponent"]
-    out["critical_generation_batch"] = fits.critical_generation_batch(
-        gen.responses, gen.responses / gen.generate_s)
+    out["gen"] = fits.fit_generation_time(gen.responses, gen.generate_s)
+    out["gen_power"] = fits.fit_power(gen.responses, gen.generate_s)
   if _varies(tr.train_tokens):
-    lin = fits.fit_linear(tr.train_tokens, tr.train_s)
-    out.update(train_s_per_token=lin["slope"], train_intercept=lin["intercept"],
-               train_r2=lin["r2"],
-               train_exponent=fits.fit_power(tr.train_tokens, tr.train_s)["exponent"])
+    out["train"] = fits.fit_linear(tr.train_tokens, tr.train_s)
+    out["train_power"] = fits.fit_power(tr.train_tokens, tr.train_s)
   return out
 
 
@@ -176,39 +187,53 @@ def timing(study: st.Study, table: pd.DataFrame) -> Section:
     sec.skipped = "step times at fewer than two batch sizes."
     return sec
   rows, gen_parts, tr_parts = [], [], []
-  for (kind, chips), g in pts.groupby(["kind", "chips"]):
+  for (kind, chips, platform), g in pts.groupby(["kind", "chips", "platform"]):
     f = _timing_fits(g)
-    rows.append(dict(kind=kind, chips=chips, runs=len(g), **f))
-    panel = f"{kind}" + (f" {chips} chips" if pts.chips.nunique() > 1 else "")
-    gen_parts.append(pd.DataFrame({"panel": "", "series": panel, "x": g.responses,
-                                   "y": g.generate_s, "style": "points"}))
-    if "t0" in f:
+    panel = f"{kind} {platform}" + (f" {chips} chips" if pts.chips.nunique() > 1 else "")
+    row = dict(kind=kind, platform=platform, chips=chips, runs=len(g))
+    if "gen" in f:
+      gf, gp = f["gen"], f["gen_power"]
+      row.update(t0=gf["t0"], theta_max=gf["theta_max"], n_gen=gf["n_gen"], gen_r2=gf["r2"],
+                 gen_exponent=f"{num(gp['exponent'])} [{num(gp['exponent_lo'])}, "
+                              f"{num(gp['exponent_hi'])}]",
+                 gen_fit="ok" if not gf["reasons"] else
+                 "not identified (" + "; ".join(gf["reasons"]) + ")")
       n = np.geomspace(g.responses.min(), g.responses.max(), 40)
       gen_parts.append(pd.DataFrame({"panel": "", "series": f"{panel} t0 + N/Θmax", "x": n,
-                                     "y": f["t0"] + n / f["theta_max"], "style": "fit"}))
-    tr_parts.append(pd.DataFrame({"panel": "", "series": panel, "x": g.train_tokens,
-                                  "y": g.train_s, "style": "points"}))
-    if "train_s_per_token" in f:
+                                     "y": gf["t0"] + n / gf["theta_max"], "style": "fit"}))
+      sec.verdict.append(_gen_verdict(kind, platform, gf, gp))
+    if "train" in f:
+      tf, tp = f["train"], f["train_power"]
+      row.update(train_s_per_token=tf["slope"], train_r2=tf["r2"],
+                 train_exponent=f"{num(tp['exponent'])} [{num(tp['exponent_lo'])}, "
+                                f"{num(tp['exponent_hi'])}]")
       x = np.geomspace(g.train_tokens.min(), g.train_tokens.max(), 40)
       tr_parts.append(pd.DataFrame({"panel": "", "series": f"{panel} linear", "x": x,
-                                    "y": f["train_intercept"] + f["train_s_per_token"] * x,
-                                    "style": "fit"}))
-  res = pd.DataFrame(rows)
+                                    "y": tf["intercept"] + tf["slope"] * x, "style": "fit"}))
+      sec.verdict.append(f"{kind} training on {platform}: {num(tf['slope'])} s per token "
+                         f"(R² {num(tf['r2'])}), time ∝ tokens^{num(tp['exponent'])} "
+                         f"[{num(tp['exponent_lo'])}, {num(tp['exponent_hi'])}].")
+    rows.append(row)
+    gen_parts.append(pd.DataFrame({"panel": "", "series": panel, "x": g.responses,
+                                   "y": g.generate_s, "style": "points"}))
+    tr_parts.append(pd.DataFrame({"panel": "", "series": panel, "x": g.train_tokens,
+                                  "y": g.train_s, "style": "points"}))
   sec.text.append("Per run, the median over steps ≥ 2 of time/generate against responses per "
                   "step N, and of time/actor_update + time/critic_update + time/logprobs against "
-                  "train tokens per step; each kind (and chip count) fitted separately, when "
-                  "its step sizes span at least 1.5x.")
-  sec.tables.append(("Timing fits", res.drop(columns=["train_intercept"], errors="ignore")))
-  for r in rows:
-    _timing_verdict(sec, r)
+                  "train tokens per step; each kind, platform and chip count fitted separately, "
+                  "when its step sizes span at least 1.5x. On a CPU, decoding a small model is "
+                  "compute-bound, not memory-bound as on accelerators: these fits describe this "
+                  "machine, not the GPU claim.")
+  sec.facts["rows"] = rows
+  sec.tables.append(("Timing fits", pd.DataFrame(rows)))
   sec.figures += [
-      Figure("6_generation_time", "Generation time per step vs responses per step N (log-log) "
+      Figure("8_generation_time", "Generation time per step vs responses per step N (log-log) "
              "with t_gen = t0 + N/Θmax.\nFlat at small N (latency floor t0), then linear "
              "(throughput bound Θmax); they meet at N_gen = t0·Θmax.",
              pd.concat(gen_parts, ignore_index=True),
              functools.partial(figures.lines, xlabel="responses per step N",
                                ylabel="time/generate (s)", logx=True, logy=True)),
-      Figure("6_training_time", "Training time per step (actor + critic + logprobs) vs train "
+      Figure("8_training_time", "Training time per step (actor + critic + logprobs) vs train "
              "tokens per step (log-log) with the linear fit.\nA slope-1 line in log-log axes "
              "means time proportional to tokens.", pd.concat(tr_parts, ignore_index=True),
              functools.partial(figures.lines, xlabel="train tokens per step",
@@ -216,12 +241,12 @@ def timing(study: st.Study, table: pd.DataFrame) -> Section:
   return sec
 
 
-def _timing_verdict(sec: Section, r: dict):
-  if "t0" in r:
-    shape = "sublinear" if r["gen_exponent"] < 0.9 else "about linear"
-    sec.verdict.append(f"{r['kind']} generation: t0 = {num(r['t0'])} s, Θmax = "
-                       f"{num(r['theta_max'])} responses/s, N_gen = t0·Θmax = {num(r['n_gen'])}; "
-                       f"time ∝ N^{r['gen_exponent']:.2f} ({shape}).")
-  if "train_s_per_token" in r:
-    sec.verdict.append(f"{r['kind']} training: {num(r['train_s_per_token'])} s per token "
-                       f"(R² {num(r['train_r2'])}), time ∝ tokens^{r['train_exponent']:.2f}.")
+def _gen_verdict(kind, platform, gf, gp) -> str:
+  shape = ("sublinear" if gp["exponent_hi"] < 1 else "about linear"
+           if gp["exponent_lo"] <= 1 <= gp["exponent_hi"] else "superlinear") \
+      if np.isfinite(gp["exponent_hi"]) else "unknown"
+  law = (f"t0 = {num(gf['t0'])} s, Θmax = {num(gf['theta_max'])} responses/s, "
+         f"N_gen = {num(gf['n_gen'])}" if not gf["reasons"] else
+         "t0 + N/Θmax not identified (" + "; ".join(gf["reasons"]) + ")")
+  return (f"{kind} generation on {platform}: time ∝ N^{num(gp['exponent'])} "
+          f"[{num(gp['exponent_lo'])}, {num(gp['exponent_hi'])}] ({shape}); {law}.")

@@ -1,9 +1,25 @@
 """Reading a study into pandas tables: one row per run, then one row per configuration.
 
 A DIR is a sweep directory (sweep.json: every point, whatever its status), a study directory
-(sweep directories as subdirectories, one per stage), or a run directory (config.json). Every
-point becomes a row of the runs table; a run that cannot be used (failed, pending, unfinished,
-malformed) keeps its row with the reason in `problem`, so the report lists it.
+(sweep directories as subdirectories, one per stage, and study.json), or a run directory
+(config.json). Every point becomes a row of the runs table; a run that cannot be used (failed,
+pending, unfinished, malformed) keeps its row with the reason in `problem`, so the report lists
+it.
+
+What the rows measure (DESIGN.md, "Analysis: what a study reports"):
+- responses to target: the crossing of the monotone fit of the run's raw evaluations
+  (rlscale/crossing.py), less a PPO critic's warm-up responses (the actor did not train in
+  them; stated beside); never smoothed over evaluations, so it does not depend on how often a
+  run evaluates;
+- the run's learning rate is the actor's effective one (its base lr through its scaling
+  rule), so a configuration is (kind, P, G, mini-batches, lr, ...) however its lr was set;
+- B_simple at the crossing: the noise-scale estimates of the steps around the crossing
+  (responses seen within [1/2, 3/2] of it), prompt-level (B in prompts, x G to responses) when
+  the run measured it: the response-level estimate is biased low when the G responses of a
+  group share a prompt (rlscale/rl/noise_scale.py).
+
+A study directory's study.json says which stages chose a value (their runs tune; the verdict
+uses the other stages' seeds), what they chose, and the study's target.
 """
 
 from __future__ import annotations
@@ -21,8 +37,8 @@ import pandas as pd
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # rlscale
 from runs import Run  # noqa: E402
-import fits  # noqa: E402
 import stats  # noqa: E402
+from rlscale import crossing, optim  # noqa: E402
 
 
 class StudyError(ValueError):
@@ -31,17 +47,16 @@ class StudyError(ValueError):
 
 @dataclasses.dataclass
 class Options:
-  metric: str | None = None  # None: the runs' target metric
-  target: float | None = None  # None: the runs' target value
-  targets: list[float] | None = None  # section 3's targets (None: 4 evenly spaced)
-  tolerance: float = 0.2
-  band: float = 0.05
-  stat: str = "iqm"
-  reps: int = 2000
-  fit_reps: int = 50  # bootstrap reps of the fits (each one a curve fit, not a mean)
-  reference_batch: int | None = None
+  metric: str | None = None  # None: the study's (study.json), else the runs' target metric
+  target: float | None = None  # None: the study's target, else the runs' target value
+  targets: list[float] | None = None  # the critical-batch fit's targets (None: 3 around it)
+  tolerance: float = 0.2  # a batch needing at most (1 + tolerance) x the reference's responses
+  band: float = 0.05  # ... whose curve is not below the reference's by more than this
+  reps: int = 2000  # bootstrap reps of the intervals
+  fit_reps: int = 500  # bootstrap reps of the fits (each a refit)
+  reference_batch: int | None = None  # B0 (None: the runs' optim.reference_batch)
+  min_steps: int = 10  # fewer optimizer steps to target: a transient, flagged
   seed: int = 0
-  window: int = 3  # evaluations in the trailing smoothing window
 
 
 @dataclasses.dataclass
@@ -91,6 +106,19 @@ def _walk(d: str, stage: str, depth: int) -> list[Point]:
       out += _walk(os.path.join(d, sub), sub if depth == 0 and stage == "" else stage,
                    depth + 1)
   return out
+
+
+def read_record(dirs: list[str]) -> dict[str, Any]:
+  """study.json of the first DIR that has one ({} when none does)."""
+  for d in dirs:
+    path = os.path.join(d, "study.json")
+    if os.path.exists(path):
+      try:
+        with open(path) as f:
+          return json.load(f)
+      except (OSError, json.JSONDecodeError):
+        return {}
+  return {}
 
 
 def _number(v):
@@ -147,21 +175,30 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def eval_curve(run: Run, metric: str) -> tuple[np.ndarray, np.ndarray]:
-  """(responses_seen, metric) at the evaluation steps, finite values only."""
-  pts = [(float(x), y) for x, y in run.curve(metric) if math.isfinite(y)]
+  """(responses_seen, metric) at the evaluation steps, finite values only, the last of a
+  repeated responses_seen (a resumed run) kept."""
+  pts = {float(x): y for x, y in run.curve(metric) if math.isfinite(y)}
   if not pts:
     return np.zeros(0), np.zeros(0)
-  x, y = map(np.asarray, zip(*pts))
-  return x, y
+  x = np.array(sorted(pts))
+  return x, np.array([pts[v] for v in x])
 
 
-def responses_to_target(run: Run, metric: str, target: float, window: int = 3) -> float:
-  """First crossing of the smoothed eval curve; +inf when never reached."""
+def warmup_responses(run: Run) -> int:
+  """Responses a PPO actor did not train on while its critic warmed up (0 for the others)."""
+  critic = run.config.get("critic")
+  if not isinstance(critic, dict) or "critic" not in run.plan.models:
+    return 0
+  return int(critic.get("warmup_steps") or 0) * run.plan.responses
+
+
+def responses_to_target(run: Run, metric: str, target: float) -> float:
+  """Responses the actor trained on until the monotone fit of its evaluations reached
+  `target` (rlscale/crossing.py); +inf when never reached."""
   x, y = eval_curve(run, metric)
   if x.size == 0:
     return math.inf
-  hit = fits.first_crossing(x, y, target, window)
-  return math.inf if hit is None else float(hit)
+  return crossing.first_crossing(x, y, target) - warmup_responses(run)
 
 
 def steady_throughput(run: Run) -> float:
@@ -178,15 +215,52 @@ def steady_throughput(run: Run) -> float:
   return float(np.median(rates)) if rates else math.nan
 
 
-def b_simple(run: Run, key: str = "actor/noise_responses/b_simple") -> float:
-  """Mean measured B_simple over the run's second half, finite values only."""
-  vals = [r[key] for r in run.rows[len(run.rows) // 2:] if isinstance(r.get(key), (int, float))]
-  vals = [v for v in vals if math.isfinite(v) and v > 0]
-  return float(np.mean(vals)) if vals else math.nan
+def b_simple_at(run: Run, at: float, unit: str, model: str = "actor") -> float:
+  """B_simple in responses at the crossing `at`: b_simple_in over [at/2, 3 at/2]."""
+  if not math.isfinite(at) or at <= 0:
+    return math.nan
+  return b_simple_in(run, at / 2, 1.5 * at, unit, model)
 
 
-# Fields that name a configuration in every label; other varying fields are added to it.
-_LABEL_FIELDS = ("kind", "rl.num_prompts", "rl.group_size", "optim.lr_scaling")
+def b_simple_in(run: Run, lo: float, hi: float, unit: str, model: str = "actor") -> float:
+  """B_simple in responses from the raw estimates of the steps whose responses_seen lies in
+  [lo, hi]: mean tr(Sigma) / mean |G|^2 (a ratio of means, as McCandlish's EMAs), x G for the
+  prompt-level estimate. inf when the mean |G|^2 is not positive, nan without estimates."""
+  key = f"{model}/noise_{unit}"
+  g2, tr = [], []
+  for r in run.rows:
+    x = r.get("responses_seen")
+    if (isinstance(x, (int, float)) and lo <= x <= hi
+        and isinstance(r.get(f"{key}/grad_sq_est"), (int, float))
+        and isinstance(r.get(f"{key}/trace_est"), (int, float))):
+      g2.append(r[f"{key}/grad_sq_est"])
+      tr.append(r[f"{key}/trace_est"])
+  if not g2:
+    return math.nan
+  mean_g2, mean_tr = float(np.mean(g2)), float(np.mean(tr))
+  if mean_g2 <= 0:
+    return math.inf
+  per = run.plan.group_size if unit == "prompts" else 1
+  return mean_tr / mean_g2 * per
+
+
+def lr_of(run: Run) -> float:
+  """The actor's effective learning rate: its base lr through its scaling rule at its B."""
+  return optim.scale(run.config.get("optim", {}), run.plan.batch).lr
+
+
+# Fields that do not change what a run computes (seeds aside): how often it evaluates and
+# saves, how long it runs, its target, and how its lr was written (the effective lr is a field
+# of its own), and the PPO critic's warm-up (tied to P, its responses counted apart).
+_NOT_CONFIG = ("seed", "optim.lr", "optim.lr_scaling", "optim.reference_batch", "target.",
+               "train.eval_every", "train.total_responses", "train.num_steps",
+               "train.checkpoint", "train.keep_checkpoints", "train.log_every",
+               "train.async_checkpoint", "train.tensorboard", "eval.", "critic.warmup_steps",
+               "init.cache_dir")
+
+
+def _is_config_field(key: str) -> bool:
+  return not key.startswith(_NOT_CONFIG)
 
 
 @dataclasses.dataclass
@@ -196,35 +270,48 @@ class Study:
   opts: Options
   metric: str
   target: float
-  varying: list[str]  # config fields that vary across runs, seed excluded
+  target_note: str  # where the target came from
+  varying: list[str]  # config fields that vary across runs and define a configuration
   warnings: list[str]
-  lr_notes: list[str]  # how the learning rate of the analysed runs was chosen
-  kind_only: list[str] = dataclasses.field(default_factory=list)  # varying: set in some runs only
+  record: dict[str, Any]  # study.json ({} without one)
+  lr_notes: list[str] = dataclasses.field(default_factory=list)
 
-  def used(self) -> pd.DataFrame:
-    """The runs every fit and table uses: complete, at the chosen learning rate."""
-    return self.runs[(self.runs.problem == "") & self.runs.lr_chosen]
+  def used(self, role: str | None = None) -> pd.DataFrame:
+    """The runs every fit and table uses (complete); `role` keeps "tuning" or "verdict" runs."""
+    ok = self.runs[self.runs.problem == ""]
+    return ok if role is None else ok[ok.role == role]
+
+  def verdict_runs(self) -> pd.DataFrame:
+    """Per configuration, its verdict seeds when it has any, else its tuning seeds (a
+    configuration only a scan ran is still shown, marked as such)."""
+    ok = self.used()
+    has = set(ok[ok.role == "verdict"].config)
+    return ok[(ok.role == "verdict") | ~ok.config.isin(has)]
 
 
-def _row(point: Point, run: Run | None, warnings: list[str]) -> dict[str, Any]:
+def _row(point: Point, run: Run | None, warnings: list[str], tuning: set[str]
+         ) -> dict[str, Any]:
   rid = f"{point.stage}/{point.name}" if point.stage else point.name
   row = dict(run=rid, name=point.name, stage=point.stage, status=point.status,
-             error=point.error, warnings="; ".join(warnings), path=point.path)
+             error=point.error, warnings="; ".join(warnings), path=point.path,
+             role="tuning" if point.stage in tuning else "verdict")
   problem = "" if point.status == "done" else point.status
   if run is None:
     return dict(row, problem=problem or "no config.json")
   try:
     plan = run.plan
+    lr = lr_of(run)
   except Exception as e:  # noqa: BLE001 - a bad config is listed, not raised
     return dict(row, problem=problem or f"config: {str(e).splitlines()[-1].strip()}")
-  optim = run.config.get("optim", {})
+  optim_cfg = run.config.get("optim", {})
   row.update(kind=run.config.get("kind"), seed=run.config.get("seed"), P=plan.num_prompts,
              G=plan.group_size, responses_per_step=plan.responses, B=plan.batch,
              B_prompts=plan.batch_prompts, num_minibatches=plan.main.num_minibatches,
-             lr=optim.get("lr"), lr_rule=optim.get("lr_scaling", "none"),
-             B0=optim.get("reference_batch"), chips=int(run.summary.get("devices", 1) or 1),
-             n_rows=len(run.rows), responses_seen=run.rows[-1].get("responses_seen", 0)
-             if run.rows else 0, total_responses=plan.total_responses)
+             lr=float(f"{lr:.4g}"), lr_rule=optim_cfg.get("lr_scaling", "none"),
+             lr_base=optim_cfg.get("lr"), B0=optim_cfg.get("reference_batch"),
+             chips=int(run.summary.get("devices", 1) or 1), n_rows=len(run.rows),
+             responses_seen=run.rows[-1].get("responses_seen", 0) if run.rows else 0,
+             total_responses=plan.total_responses, warmup=warmup_responses(run))
   if not problem and not run.summary:
     problem = "unfinished (no summary.json)"
   if not problem and row["responses_seen"] < plan.total_responses:
@@ -249,234 +336,123 @@ def read_study(dirs: list[str], opts: Options, stream=sys.stderr) -> Study:
   points = find_points(dirs)
   if not points:
     raise StudyError(f"no runs in {' '.join(dirs)} (no sweep.json, no config.json)")
+  record = read_record(dirs)
+  tuning = {c["stage"] for c in record.get("chosen", {}).values() if c.get("stage")}
   rows, records, warnings = [], {}, []
   for i, point in enumerate(points, 1):
     run, warn = load_run(point.path) if os.path.isdir(point.path) else (None, [])
-    row = _row(point, run, warn)
+    row = _row(point, run, warn, tuning)
     rows.append(row)
     warnings += [f"{row['run']}: {w}" for w in warn]
     if run is not None:
       records[row["run"]] = run
     _progress(i, len(points), stream)
   runs = pd.DataFrame(rows)
-  for col in ("P", "G", "B", "responses_per_step", "num_minibatches", "chips", "seed"):
+  for col in ("P", "G", "B", "responses_per_step", "num_minibatches", "chips", "seed",
+              "warmup"):
     if col in runs:
       runs[col] = runs[col].astype("Int64")
   if "kind" not in runs:
     raise StudyError(f"no readable run in {' '.join(dirs)} ({len(points)} points, none with "
                      "a config.json)")
-  targets = [r.config.get("target", {}) for r in records.values()]
-  metric = opts.metric or _most_common([t.get("metric") for t in targets],
-                                       "eval/accuracy_greedy")
-  target = opts.target if opts.target is not None else _most_common(
-      [t.get("value") for t in targets], 0.6)
-  study = Study(runs, records, opts, metric, float(target), [], warnings, [])
+  metric, target, note = _target(opts, record, records)
+  study = Study(runs, records, opts, metric, target, note, [], warnings, record)
   _add_config_columns(study)
   _add_outcomes(study)
   _mark_duplicates(study)
-  _choose_lr(study)
   return study
 
 
+def _target(opts: Options, record: dict, records: dict) -> tuple[str, float, str]:
+  t = record.get("target") or {}
+  targets = [r.config.get("target", {}) for r in records.values()]
+  metric = opts.metric or t.get("metric") or _most_common(
+      [x.get("metric") for x in targets], "eval/accuracy_greedy")
+  if opts.target is not None:
+    return metric, float(opts.target), "set by --target"
+  if t.get("value") is not None and metric == t.get("metric"):
+    return metric, float(t["value"]), (
+        f"set by the study from stage {t.get('stage')}: base {t['base']:.3g} + "
+        f"{t['fraction']:g} x (plateau {t['plateau']:.3g} - base), rounded")
+  return metric, float(_most_common([x.get("value") for x in targets], 0.6)), \
+      "the runs' config target"
+
+
 def _add_config_columns(study: Study):
-  """`config`: the values of the fields that vary across runs (seed aside); `label` for people."""
+  """`config`: the values of the fields that vary across runs and change what a run computes
+  (module docstring), with the effective lr; `label` for people."""
   flat = {rid: flatten(r.config) for rid, r in study.records.items()}
   keys = sorted(set().union(*flat.values())) if flat else []
-  varying = [k for k in keys if k != "seed" and len({repr(f.get(k)) for f in flat.values()}) > 1]
-  study.varying = varying
-  # A field only some kinds have (critic.* in PPO) and constant where set splits no runs
-  # beyond `kind`: named apart so the definition stays readable.
-  study.kind_only = [k for k in varying if len({repr(f[k]) for f in flat.values() if k in f}) == 1]
   runs = study.runs
+  varying = [k for k in keys if _is_config_field(k)
+             and len({repr(f.get(k)) for f in flat.values()}) > 1]
+  study.varying = varying
   if study.opts.reference_batch:
     runs.loc[runs.kind.notna(), "B0"] = study.opts.reference_batch
-  shown = _label_extras(flat, varying)
+  # A field set in one kind only (critic.* in PPO) splits no runs beyond `kind`: not shown.
+  by_kind: dict[str, list[dict]] = {}
+  for rid, f in flat.items():
+    by_kind.setdefault(str(f.get("kind")), []).append(f)
+  shown = [k for k in varying if k not in ("kind", "rl.num_prompts", "rl.group_size",
+                                           "rl.num_minibatches")
+           and any(len({repr(f.get(k)) for f in fs}) > 1 for fs in by_kind.values())]
   configs, labels = [], []
-  for rid in runs.run:
-    f = flat.get(rid)
-    if f is None:
+  for row in runs.itertuples():
+    f = flat.get(row.run)
+    if f is None or pd.isna(getattr(row, "lr", np.nan)):
       configs.append("")
       labels.append("")
       continue
-    configs.append(",".join(f"{k}={f.get(k)}" for k in varying) or "all")
-    row = runs[runs.run == rid].iloc[0]
+    configs.append(",".join([f"{k}={f.get(k)}" for k in varying] + [f"lr={row.lr:.4g}"]))
     extra = "".join(f" {k.split('.')[-1]}={f.get(k)}" for k in shown)
-    labels.append(f"{row.kind} P={row.P} G={row.G} B={row.B} {row.lr_rule}"
+    mb = f" mb={row.num_minibatches}" if runs.num_minibatches.nunique() > 1 else ""
+    labels.append(f"{row.kind} P={row.P} G={row.G}{mb} B={row.B} lr={row.lr:.3g}"
                   + (f" chips={row.chips}" if runs.chips.nunique() > 1 else "") + extra)
   runs["config"], runs["label"] = configs, labels
 
 
-def _label_extras(flat: dict[str, dict], varying: list[str]) -> list[str]:
-  """Varying fields not already determined by kind, P, G and LR rule (e.g. optim.lr)."""
-  out = []
-  for k in varying:
-    if k in _LABEL_FIELDS:
-      continue
-    seen: dict[tuple, Any] = {}
-    determined = True
-    for f in flat.values():
-      base = tuple(repr(f.get(b)) for b in _LABEL_FIELDS + ("rl.num_minibatches",))
-      if seen.setdefault(base, repr(f.get(k))) != repr(f.get(k)):
-        determined = False
-        break
-    if not determined:
-      out.append(k)
-  return out
-
-
 def _add_outcomes(study: Study):
-  runs, m, t, w = study.runs, study.metric, study.target, study.opts.window
-  cols = {k: [] for k in ("n_eval", "base", "final", "responses_to_target", "throughput",
-                          "time_to_target", "b_simple")}
-  for rid in runs.run:
-    run = study.records.get(rid)
-    x, y = eval_curve(run, m) if run is not None and "kind" in runs else (np.zeros(0),) * 2
-    ok = run is not None and x.size > 0
-    rtt = responses_to_target(run, m, t, w) if ok else math.nan
+  runs, m, t = study.runs, study.metric, study.target
+  cols = {k: [] for k in ("n_eval", "base", "final", "peak", "responses_to_target",
+                          "bracket", "steps_to_target", "throughput", "time_to_target",
+                          "b_simple_prompts", "b_simple_responses", "drop_after_target")}
+  for row in runs.itertuples():
+    run = study.records.get(row.run)
+    planned = run is not None and pd.notna(getattr(row, "lr", np.nan))
+    x, y = eval_curve(run, m) if planned else (np.zeros(0),) * 2
+    ok = planned and x.size > 0
+    rtt = responses_to_target(run, m, t) if ok else math.nan
     thr = steady_throughput(run) if ok else math.nan
+    br = crossing.bracket(x, y, t) if ok else None
+    cross_at = rtt + (warmup_responses(run) if ok else 0)
     cols["n_eval"].append(int(x.size))
     cols["base"].append(float(y[0]) if ok else math.nan)
     cols["final"].append(float(y[-1]) if ok else math.nan)
+    cols["peak"].append(float(y.max()) if ok else math.nan)
     cols["responses_to_target"].append(rtt)
+    cols["bracket"].append((br[1] - br[0]) if br else math.nan)
+    cols["steps_to_target"].append(run.optimizer_steps(rtt) if ok and math.isfinite(rtt)
+                                   else (math.inf if ok else math.nan))
     cols["throughput"].append(thr)
     cols["time_to_target"].append(rtt / thr if ok and thr > 0 else math.nan)
-    cols["b_simple"].append(b_simple(run) if ok else math.nan)
+    cols["b_simple_prompts"].append(b_simple_at(run, cross_at, "prompts") if ok else math.nan)
+    cols["b_simple_responses"].append(b_simple_at(run, cross_at, "responses") if ok
+                                      else math.nan)
+    # How far the curve fell below the target after first reaching it (a collapse).
+    if ok and math.isfinite(rtt):
+      after = y[x >= cross_at]
+      cols["drop_after_target"].append(float(max(0.0, t - after.min())) if after.size else 0.0)
+    else:
+      cols["drop_after_target"].append(math.nan)
   for k, v in cols.items():
     runs[k] = v
   few = (runs.problem == "") & (runs.n_eval < 2)
   runs.loc[few, "problem"] = "fewer than 2 evaluations of " + m
 
 
-def _choose_lr(study: Study):
-  """With several base learning rates (an LR-tuning stage at B0), the analysed runs are those
-  at the most common rate among the runs away from B0."""
-  runs = study.runs
-  runs["lr_chosen"] = True
-  ok = runs[(runs.problem == "") & runs.lr.notna()]
-  for kind, group in ok.groupby("kind"):
-    if group.lr.nunique() < 2:
-      continue
-    away = group[group.B != group.B0]
-    if len(away):
-      lr = away.lr.value_counts().idxmax()
-      why = "the most common among runs away from B0"
-    else:
-      best = group.groupby("lr").agg(rtt=("responses_to_target", "median"),
-                                     final=("final", "median"))
-      lr = best.sort_values(["rtt", "final"], ascending=[True, False]).index[0]
-      why = "the best at B0 (every run is at B0)"
-    runs.loc[(runs.kind == kind) & runs.lr.notna() & (runs.lr != lr), "lr_chosen"] = False
-    lrs = ", ".join(f"{v:g}" for v in sorted(group.lr.unique()))
-    study.lr_notes.append(f"{kind}: base lr varies ({lrs}); "
-                          f"sections use lr={lr:g}, {why}")
-
-
-def seed_values(study: Study, target: float | None = None) -> dict[str, dict[str, list]]:
-  """Per configuration, its seeds' responses and time to `target` (default: the study's)."""
-  used = study.used()
-  out: dict[str, dict[str, list]] = {}
-  for _, r in used.iterrows():
-    rtt, ttt = r.responses_to_target, r.time_to_target
-    if target is not None and target != study.target:
-      rtt = responses_to_target(study.records[r.run], study.metric, target, study.opts.window)
-      ttt = rtt / r.throughput if r.throughput > 0 else math.nan
-    d = out.setdefault(r.config, {"rtt": [], "ttt": [], "final": [], "run": []})
-    d["rtt"].append(rtt)
-    d["ttt"].append(ttt)
-    d["final"].append(r.final)
-    d["run"].append(r.run)
-  return out
-
-
-_DESCRIBE = ["label", "kind", "P", "G", "responses_per_step", "B", "B_prompts", "num_minibatches",
-             "lr_rule", "lr",
-             "chips", "B0"]
-
-
-def config_table(study: Study, target: float | None = None) -> pd.DataFrame:
-  """One row per configuration: responses and time to target (stat over seeds, stratified
-  bootstrap interval), final metric, throughput, B_simple, and the ratios to its reference."""
-  used = study.used()
-  if used.empty:
-    return pd.DataFrame()
-  o = study.opts
-  vals = seed_values(study, target)
-  first = used.groupby("config").first()
-  agg = used.groupby("config").agg(n_seeds=("run", "size"), throughput=("throughput", "median"),
-                                   b_simple=("b_simple", "mean"), final_best=("final", "max"),
-                                   responses=("responses_seen", "max"))
-  table = first[_DESCRIBE].join(agg)
-  for col in ("rtt", "ttt", "final"):
-    groups = {c: _finite_or_inf(v[col]) for c, v in vals.items()}
-    groups = {c: v for c, v in groups.items() if len(v)}
-    iv = stats.stratified_bootstrap(groups, o.stat, o.reps, seed=o.seed)
-    for j, suffix in enumerate(("", "_lo", "_hi")):
-      table[col + suffix] = [iv[c][j] if c in iv else math.nan for c in table.index]
-  table = table.reset_index().sort_values(["kind", "lr_rule", "B", "P"]).reset_index(drop=True)
-  _add_references(table, study, vals)
-  return table
-
-
-def _finite_or_inf(values) -> np.ndarray:
-  """NaN (no timing) dropped; inf (never reached) kept."""
-  v = np.asarray(values, float)
-  return v[~np.isnan(v)]
-
-
-def main_group_size(table: pd.DataFrame, kind: str) -> int:
-  return int(table[table.kind == kind].G.mode().iloc[0])
-
-
-def reference_of(table: pd.DataFrame, kind: str, rule: str) -> tuple[str | None, str]:
-  """The reference configuration of (kind, LR rule): B == B0 with that rule, else at B0 with
-  another rule (every rule gives the same lr at B0), else the B closest to B0 (said so)."""
-  same = table[table.kind == kind]
-  if same.empty:
-    return None, "no configuration"
-  b0 = float(same.B0.mode().iloc[0])
-  g = main_group_size(table, kind)
-  def best(c):  # the main G, then the most seeds, then the longest runs (not a tuning stage's)
-    return c.assign(_g=(c.G != g), _s=-c.n_seeds, _r=-c.responses).sort_values(
-        ["_g", "_s", "_r"]).iloc[0].config
-  at_b0 = same[same.B == b0]
-  if len(at_b0[at_b0.lr_rule == rule]):
-    return best(at_b0[at_b0.lr_rule == rule]), f"B0={b0:g}"
-  if len(at_b0):
-    return best(at_b0), f"B0={b0:g} (run with another LR rule: the same lr at B0)"
-  rule_rows = same[same.lr_rule == rule] if len(same[same.lr_rule == rule]) else same
-  dist = (np.log(rule_rows.B) - math.log(b0)).abs()
-  near = rule_rows[dist == dist.min()]
-  return best(near), f"no run at B0={b0:g}: the closest batch B={near.B.iloc[0]} stands in"
-
-
-def _add_references(table: pd.DataFrame, study: Study, vals: dict):
-  o = study.opts
-  cols = {k: [] for k in ("reference", "reference_note", "rtt_ratio", "rtt_ratio_lo",
-                          "rtt_ratio_hi", "ttt_ratio", "ttt_ratio_lo", "ttt_ratio_hi",
-                          "rtt_different", "ttt_different")}
-  for _, row in table.iterrows():
-    ref, note = reference_of(table, row.kind, row.lr_rule)
-    cols["reference"].append(ref)
-    cols["reference_note"].append(note)
-    refrow = table[table.config == ref].iloc[0]
-    for col in ("rtt", "ttt"):
-      a, b = _finite_or_inf(vals[row.config][col]), _finite_or_inf(vals[ref][col])
-      if len(a) and len(b) and not (np.isinf(a).all() and np.isinf(b).all()):
-        r = stats.ratio_interval(a, b, o.stat, o.reps, seed=o.seed)
-      else:
-        r = (math.nan,) * 3
-      for j, suffix in enumerate(("", "_lo", "_hi")):
-        cols[f"{col}_ratio{suffix}"].append(r[j])
-      own = (row[col], row[col + "_lo"], row[col + "_hi"])
-      theirs = (refrow[col], refrow[col + "_lo"], refrow[col + "_hi"])
-      cols[f"{col}_different"].append(row.config != ref and not stats.overlaps(own, theirs))
-  for k, v in cols.items():
-    table[k] = v
-
-
 def _mark_duplicates(study: Study):
-  """The same configuration and seed in two stages (e.g. B0 in the LR stage and in the batch
-  stage) counts once: a repeated seed would narrow the interval without new evidence."""
+  """The same configuration and seed twice (e.g. a run repeated in two stages) counts once:
+  a repeated seed would narrow the interval without new evidence."""
   runs = study.runs
   ok = runs[(runs.problem == "") & runs.seed.notna()]
   dup = ok.duplicated(["config", "seed"], keep="first")
@@ -485,9 +461,65 @@ def _mark_duplicates(study: Study):
     runs.loc[i, "problem"] = f"duplicate of {first} (same configuration and seed)"
 
 
+def seed_values(study: Study, config: str, column: str = "responses_to_target",
+                target: float | None = None, runs: pd.DataFrame | None = None) -> np.ndarray:
+  """A configuration's verdict seeds' values of `column` (NaN dropped, inf kept), at `target`
+  when it differs from the study's (responses or time to it, recomputed)."""
+  runs = study.verdict_runs() if runs is None else runs
+  rows = runs[runs.config == config]
+  if target is not None and target != study.target and column in (
+      "responses_to_target", "time_to_target", "steps_to_target"):
+    out = []
+    for r in rows.itertuples():
+      rtt = responses_to_target(study.records[r.run], study.metric, target)
+      out.append({"responses_to_target": rtt,
+                  "time_to_target": rtt / r.throughput if r.throughput > 0 else math.nan,
+                  "steps_to_target": study.records[r.run].optimizer_steps(rtt)
+                  if math.isfinite(rtt) else math.inf}[column])
+    v = np.asarray(out, float)
+  else:
+    v = rows[column].to_numpy(float)
+  return v[~np.isnan(v)]
+
+
+_DESCRIBE = ["label", "kind", "P", "G", "responses_per_step", "B", "B_prompts", "num_minibatches",
+             "lr", "lr_rule", "chips", "B0", "warmup"]
+
+
+def config_table(study: Study, target: float | None = None) -> pd.DataFrame:
+  """One row per configuration (its verdict seeds): responses, steps and time to target with
+  their intervals (stats.median_interval: n and coverage beside them), final value,
+  throughput, B_simple at the crossing, how many of its seeds are tuning seeds."""
+  used = study.verdict_runs()
+  if used.empty:
+    return pd.DataFrame()
+  first = used.groupby("config").first()
+  agg = used.groupby("config").agg(
+      n_seeds=("run", "size"), throughput=("throughput", "median"),
+      responses=("responses_seen", "max"), tuning_seeds=("role", lambda r: (r == "tuning").sum()),
+      max_drop=("drop_after_target", "max"))
+  table = first[_DESCRIBE].join(agg)
+  for col, name in (("responses_to_target", "rtt"), ("time_to_target", "ttt"),
+                    ("steps_to_target", "steps"), ("final", "final"),
+                    ("b_simple_prompts", "bsp"), ("b_simple_responses", "bsr")):
+    ivs = []
+    for c in table.index:
+      v = seed_values(study, c, col, target, used)
+      ivs.append(stats.median_interval(v) if v.size else stats.Interval(math.nan, n=0))
+    table[name + "_iv"] = ivs
+    table[name] = [iv.point for iv in ivs]
+  table = table.reset_index().sort_values(["kind", "G", "B", "lr"]).reset_index(drop=True)
+  return table
+
+
+def main_group_size(table: pd.DataFrame, kind: str) -> int:
+  return int(table[table.kind == kind].G.mode().iloc[0])
+
+
 def config_curve(study: Study, config: str, runs: pd.DataFrame | None = None) -> pd.DataFrame:
-  """The configuration's curve over seeds: median and min-max band at its evaluation points."""
-  runs = study.used() if runs is None else runs
+  """The configuration's curve over its verdict seeds: the median and range at the responses
+  seen where every seed has been evaluated (each seed interpolated between its evaluations)."""
+  runs = study.verdict_runs() if runs is None else runs
   ids = list(runs[runs.config == config].run)
   curves = [eval_curve(study.records[i], study.metric) for i in ids]
   curves = [c for c in curves if c[0].size]
@@ -501,16 +533,19 @@ def config_curve(study: Study, config: str, runs: pd.DataFrame | None = None) ->
                          "lo": np.nanmin(ys, 0), "hi": np.nanmax(ys, 0), "seeds": len(curves)})
 
 
-def curve_gap(a: pd.DataFrame, b: pd.DataFrame, window: int = 3) -> float:
-  """Largest |a - b| of the smoothed median curves at the responses_seen both cover."""
-  if a.empty or b.empty:
+def curve_shortfall(curve: pd.DataFrame, ref: pd.DataFrame, points: int = 16) -> float:
+  """How far a median curve falls *below* the reference's at equal responses seen: the largest
+  ref - curve over `points` evenly spaced responses in the span both cover (each curve
+  interpolated between its evaluations). Negative when the curve is above everywhere; a curve
+  above the reference is not a break (DESIGN.md, "Invariance")."""
+  if curve.empty or ref.empty:
     return math.nan
-  sa = fits.smooth(a["median"].to_numpy(), window)
-  sb = fits.smooth(b["median"].to_numpy(), window)
-  lo = max(a.responses_seen.min(), b.responses_seen.min())
-  hi = min(a.responses_seen.max(), b.responses_seen.max())
-  x = a.responses_seen.to_numpy()
-  keep = (x >= lo) & (x <= hi) & np.isfinite(sa)
-  if not keep.any():
+  lo = max(curve.responses_seen.min(), ref.responses_seen.min())
+  hi = min(curve.responses_seen.max(), ref.responses_seen.max())
+  if not hi > lo:
     return math.nan
-  return float(np.max(np.abs(sa[keep] - np.interp(x[keep], b.responses_seen, sb))))
+  x = np.linspace(lo, hi, points)
+  a = np.interp(x, curve.responses_seen, curve["median"])
+  b = np.interp(x, ref.responses_seen, ref["median"])
+  keep = np.isfinite(a) & np.isfinite(b)
+  return float(np.max(b[keep] - a[keep])) if keep.any() else math.nan

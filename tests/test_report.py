@@ -15,9 +15,9 @@ import fake_study  # noqa: E402
 import report  # noqa: E402
 
 STEMS = ["1_time_to_target_PxG", "2_curves_vs_responses", "2_rtt_ratio_vs_batch",
-         "3_bcrit_vs_target", "3_steps_vs_responses", "4_compute_curves", "4_compute_curves_flops",
-         "5_grad_sq_vs_inverse_batch", "5_grad_norm_vs_batch", "6_generation_time",
-         "6_training_time", "7_rtt_per_rule", "7_equal_PxG_curves"]
+         "3_lr_per_batch_grpo", "4_responses_vs_batch", "4_bcrit_vs_target",
+         "5_equal_PxG_curves", "6_grad_sq_vs_inverse_batch", "6_grad_norm_vs_batch",
+         "7_compute_curves", "8_generation_time", "8_training_time"]
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def fake(tmp_path_factory):
   root = str(tmp_path_factory.mktemp("study"))
   fake_study.write_study(root)
   out = os.path.join(root, "report")
-  assert report.main([root, "--out", out, "--reps", "500", "--fit_reps", "10"]) == 0
+  assert report.main([root, "--out", out, "--reps", "500", "--fit_reps", "100"]) == 0
   with open(os.path.join(out, "report.md")) as f:
     return out, f.read()
 
@@ -46,45 +46,76 @@ def test_every_section_writes_png_pdf_and_csv(fake):
     assert f"]({stem}.png)" in md
   assert "Skipped" not in md and "failed to compute" not in md
   runs = pd.read_csv(os.path.join(out, "runs.csv"))
-  assert len(runs) == 50 and (runs.problem.fillna("") == "").sum() == 46
-  assert md.index("## Verdict") < md.index("## 1.")
+  assert len(runs) == 94 and (runs.problem.fillna("") == "").sum() == 92
+  assert md.index("## Verdict") < md.index("## The questions") < md.index("## 1.")
+  configs = pd.read_csv(os.path.join(out, "configurations.csv"))
+  assert {"rtt", "rtt_lo", "rtt_hi", "rtt_n", "rtt_coverage"} <= set(configs.columns)
 
 
 def test_failed_and_unfinished_runs_are_listed(fake):
   _, md = fake
   listed = md[md.index("## Runs not used"):md.index("## 1.")]
-  assert f"| batch/{fake_study.FAILED} | failed |" in listed
+  assert f"| grpo/{fake_study.FAILED} | failed |" in listed
   assert "RuntimeError: RESOURCE_EXHAUSTED" in listed
-  assert f"| batch/{fake_study.UNFINISHED} | running |" in listed
+  assert f"| grpo/{fake_study.UNFINISHED} | running |" in listed
   assert "1 malformed line(s) skipped" in md
 
 
-def test_largest_invariant_batch_per_rule(fake):
+def test_largest_invariant_batch_per_series(fake):
   _, md = fake
-  found = {(k, r): int(b) for k, r, b in re.findall(
-      r"(\w+), LR rule (\w+): \*\*largest invariant B = (\d+)\*\*", md)}
+  found = {(k, s): int(b) for k, s, b in re.findall(
+      r"(\w+), ([\w. ]+): \*\*largest invariant B = (\d+)\*\*", md)}
   assert found == fake_study.LARGEST_INVARIANT
+  assert "Sensitivity: the largest invariant B" in md
+
+
+def test_every_interval_carries_its_seeds_and_coverage(fake):
+  _, md = fake
+  # The verdict seeds (2-6) of B = 16 at its best rate: 5, never the scan's 2 tuning seeds.
+  assert re.search(r"grpo P=2 G=8 B=16 lr=0\.0001 \| 5 \|", md)
+  assert "(n=5, 94%)" in md and "94% at n=5" in md
+  # Scan-only configurations are shown as such, with a labelled range of their 2 seeds.
+  assert "2 (tuning)" in md and re.search(r"range [\d.k]+–[\d.k]+, n=2", md)
 
 
 def test_fits_recover_the_known_laws(fake):
   _, md = fake
-  assert _number(md, r"grpo generation: t0 = ([\d.]+) s") == pytest.approx(fake_study.T0, rel=0.02)
-  assert _number(md, r"grpo generation: .*Θmax = ([\d.]+k?) ") == pytest.approx(
+  # B_crit from E = E_min (1 + B/B_crit) on the verdict seeds: within 25% (5% seed spread).
+  assert _number(md, r"\*\*B_crit = ([\d.]+k?) ") == pytest.approx(fake_study.B_CRIT, rel=0.25)
+  assert "seeds per batch 5/5/5/5/3" in md  # p=16 lost two seeds (failed, unfinished)
+  # The best lr follows B^0.5 (the sqrt rule).
+  lo, hi = (float(v) for v in re.search(
+      r"the best lr grows as B\^[\d.]+ \[([\d.]+), ([\d.]+)\]", md).groups())
+  assert lo <= fake_study.ALPHA <= hi and "admits sqrt" in md
+  # A fixed lr at B = 128 costs 1 + 0.2 log2(2.83)^2 = 1.45x.
+  assert _number(md, r"costs up to ([\d.]+)×") == pytest.approx(1.45, rel=0.15)
+  # B_simple at the crossing is the prompt-level estimate x G (320), not the biased
+  # response-level one (107).
+  assert _number(md, r"measured B_simple at the crossing ([\d.]+) ") == pytest.approx(
+      fake_study.B_SIMPLE, rel=0.1)
+  assert _number(md, r"grpo generation on cpu: .*t0 = ([\d.]+) s") == pytest.approx(
+      fake_study.T0, rel=0.02)
+  assert _number(md, r"grpo generation on cpu: .*Θmax = ([\d.]+k?) ") == pytest.approx(
       fake_study.THETA, rel=0.02)
-  assert _number(md, r"grpo generation: .*N_gen = t0·Θmax = ([\d.]+)") == pytest.approx(
-      fake_study.T0 * fake_study.THETA, rel=0.04)
-  # The smoothed crossing lags the law by about one evaluation: B_crit within 25%.
-  assert _number(md, r"B_crit = ([\d.]+k?) ") == pytest.approx(fake_study.B_CRIT, rel=0.25)
-  actor = fake_study.ACTOR_TRACE / fake_study.ACTOR_G2
-  critic = fake_study.CRITIC_TRACE / fake_study.CRITIC_G2
-  assert _number(md, r"ppo actor: B_simple from the fit = ([\d.]+)") == pytest.approx(
-      actor, rel=0.15)
-  assert _number(md, r"ppo critic: B_simple from the fit = ([\d.]+)") == pytest.approx(
-      critic, rel=0.15)
-  assert "**Fastest to 0.6**: grpo P=32 G=8 B=256 sqrt" in md
-  # The PPO actor's window starts after every run's critic warm-up (its zero gradients).
-  warmup = fake_study.CRITIC_WARMUP_STEPS * 32 * 8  # responses of the largest P's warm-up
-  assert _number(md, r"ppo actor \[([\d.]+k?), ") > warmup
+  assert _number(md, r"ppo critic: .*B_simple from the 1/B fit = (\d+\.?\d*)") == pytest.approx(
+      fake_study.CRITIC_TRACE / fake_study.CRITIC_G2, rel=0.15)
+
+
+def test_the_questions_are_marked_from_the_numbers(fake):
+  _, md = fake
+  q = md[md.index("## The questions"):md.index("## Definitions")]
+  assert "*not reproduced*: GRPO (G = 8)" in q          # invariant only from 8 to 32 here
+  assert "*reproduced*: Keeping the lr fixed" in q      # 1.45x [..] meets 1.5-1.67
+  assert "*reproduced*: Equal P×G" in q                 # the same law at equal P x G
+  assert "*reproduced*: PPO" in q
+  assert q.count("*not testable on a CPU*") == 3 and "benchmarks/generation_scaling.py" in q
+
+
+def test_ppo_responses_to_target_exclude_the_critic_warm_up(fake):
+  _, md = fake
+  # 1.5 E_min (1 + 32/100) = 3,960 responses after the 512 of the warm-up, not 4,472.
+  assert _number(md, r"ppo P=8 G=4 B=32 lr=[\d.]+ \| 3 \| 512 \| 8 \| ([\d.]+k?) ") == \
+      pytest.approx(1.5 * fake_study.E_MIN * (1 + 32 / fake_study.B_CRIT), rel=0.1)
 
 
 @pytest.mark.slow

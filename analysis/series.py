@@ -1,0 +1,120 @@
+"""Batch series: which configuration stands for each batch B when a question is asked of B.
+
+A series maps B to one configuration of one kind at its main G, with a reference at B0:
+- "best lr": at each B the learning rate a study chose for it (study.json), else the
+  configuration with the fewest median responses to target among those run at that B;
+- "fixed lr X": the configurations run at one lr X at B0 and at other batches (a fixed rate);
+- "<rule> from lr X": runs whose lr followed a scaling rule (sqrt, linear) from a base lr X.
+Only verdict configurations (stats over seeds no stage chose with) enter a series.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pandas as pd
+
+import study_table as st
+
+
+@dataclasses.dataclass
+class Series:
+  kind: str
+  name: str
+  configs: dict[int, str]  # B -> configuration
+  reference: str  # the configuration at B0 (or the closest B, said in `note`)
+  b0: int
+  note: str = ""
+
+  def rows(self, table: pd.DataFrame) -> pd.DataFrame:
+    """The series' rows of the configuration table, by B."""
+    t = table.set_index("config")
+    return t.loc[[self.configs[b] for b in sorted(self.configs)]].reset_index()
+
+
+def _chosen_lr(study: st.Study, kind: str) -> dict[int, float]:
+  """P -> lr chosen by a study stage whose runs are of `kind` (study.json), {} when none."""
+  runs = study.runs
+  out = {}
+  for choice in study.record.get("chosen", {}).values():
+    stage_runs = runs[(runs.stage == choice.get("stage")) & (runs.problem == "")]
+    if stage_runs.empty or set(stage_runs.kind) != {kind} or choice.get("per") != ["p"]:
+      continue
+    for group, value in choice.get("values", {}).items():
+      p = int(group.split("=", 1)[1])
+      out[p] = float(value)
+  return out
+
+
+def _reference(kind: str, name: str, configs: dict[int, str], b0: float) -> Series:
+  if b0 in configs:
+    return Series(kind, name, configs, configs[int(b0)], int(b0))
+  near = min(configs, key=lambda b: abs(math.log(b) - math.log(b0)))
+  return Series(kind, name, configs, configs[near], int(b0),
+                f"no run at B0={b0:g}: B={near} stands in")
+
+
+def series(study: st.Study, table: pd.DataFrame) -> list[Series]:
+  """Every series of the study's verdict configurations, "best lr" first per kind."""
+  out = []
+  for kind in sorted(table.kind.unique()):
+    g = st.main_group_size(table, kind)
+    d = table[(table.kind == kind) & (table.G == g) & (table.tuning_seeds == 0)]
+    if d.empty:
+      continue
+    d = d[d.num_minibatches == d.num_minibatches.mode().iloc[0]]
+    b0 = float(d.B0.mode().iloc[0]) if d.B0.notna().any() else float(d.B.min())
+    out += _best(study, kind, d, b0) + _fixed(kind, d, b0) + _rules(study, kind, d, b0)
+  return out
+
+
+def _close(a: float, b: float) -> bool:
+  return abs(a - b) <= 1e-3 * max(abs(a), abs(b))
+
+
+def _best(study: st.Study, kind: str, d: pd.DataFrame, b0: float) -> list[Series]:
+  chosen = _chosen_lr(study, kind)
+  if not chosen and not (d.groupby("B").lr.nunique() > 1).any():
+    return []
+  configs = {}
+  for b, at_b in d.groupby("B"):
+    p = int(at_b.P.iloc[0])
+    if p in chosen:
+      hit = at_b[[_close(lr, chosen[p]) for lr in at_b.lr]]
+      if len(hit):
+        configs[int(b)] = hit.config.iloc[0]
+      continue
+    best = at_b.assign(_r=at_b.rtt.replace(np.inf, 1e300)).sort_values(["_r", "final"],
+                                                                       ascending=[True, False])
+    configs[int(b)] = best.config.iloc[0]
+  if len(configs) < 2:
+    return []
+  how = "the study's choice per B" if chosen else "the fewest median responses to target per B"
+  s = _reference(kind, "best lr", configs, b0)
+  s.note = "; ".join(filter(None, [f"lr: {how}", s.note]))
+  return [s]
+
+
+def _fixed(kind: str, d: pd.DataFrame, b0: float) -> list[Series]:
+  out = []
+  at_b0 = d[d.B == b0]
+  for lr in sorted(at_b0.lr.unique()):
+    same = d[[_close(v, lr) for v in d.lr]]
+    if same.B.nunique() >= 2:
+      out.append(Series(kind, f"fixed lr {lr:.3g}",
+                        {int(b): c.config.iloc[0] for b, c in same.groupby("B")},
+                        same[same.B == b0].config.iloc[0], int(b0)))
+  return out
+
+
+def _rules(study: st.Study, kind: str, d: pd.DataFrame, b0: float) -> list[Series]:
+  runs = study.verdict_runs()
+  runs = runs[runs.config.isin(d.config) & (runs.lr_rule != "none")]
+  out = []
+  for (rule, base), g in runs.groupby(["lr_rule", "lr_base"]):
+    configs = {int(b): c.config.iloc[0] for b, c in g.groupby("B")}
+    if len(configs) >= 2:
+      out.append(_reference(kind, f"{rule} from lr {base:.3g}", configs, b0))
+  return out
