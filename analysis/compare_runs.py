@@ -58,7 +58,11 @@ def main(argv=None):
     ap.error(f"no runs in {args.runs}" + (f" match --only={args.only!r}" if args.only else ""))
   runs = [st.load_run(p)[0] for p in paths]
   runs = [r for r in runs if r is not None]
+  if not runs:
+    ap.error(f"no run with a config.json in {args.runs}")
   ref = st.load_run(args.reference)[0] if args.reference else runs[0]
+  if ref is None:
+    ap.error(f"--reference={args.reference}: not a run directory (no config.json)")
   metric = args.metric or ref.config.get("target", {}).get("metric", "eval/accuracy_greedy")
   target = ref.config.get("target", {}).get("value", 0.6) if args.target is None else args.target
   ref_rtt = st.responses_to_target(ref, metric, target)
@@ -86,12 +90,21 @@ def main(argv=None):
         b_simple_responses=run.last("actor/noise_responses/b_simple"),
         b_simple_prompts=run.last("actor/noise_prompts/b_simple")))
     print(json.dumps(rows[-1]))
-  inv = [r["batch"] for r in rows if r["invariant"]]
+  # The largest B reached from the reference's through invariant batches only.
+  largest = ref.batch if any(r["invariant"] for r in rows) else None
+  for r in rows:
+    if r["batch"] > ref.batch:
+      if not r["invariant"]:
+        break
+      largest = r["batch"]
   out = dict(metric=metric, target=target, band=args.band, rtt_tolerance=args.rtt_tolerance,
-             critical_training_batch=max(inv) if inv else None)
-  reached = {r["batch"]: [r["responses_to_target"]] for r in rows if r["responses_to_target"]}
+             critical_training_batch=largest)
+  reached: dict[int, list] = {}
+  for r in rows:
+    if r["responses_to_target"] is not None:
+      reached.setdefault(r["batch"], []).append(r["responses_to_target"])
   if len(reached) >= 3:
-    f = fits.critical_batch(reached, reps=200)
+    f = fits.critical_batch(reached, reps=200, min_seeds=1)
     out.update({k: f.get(k) for k in ("b_crit", "e_min", "s_min", "residual", "identified")},
                reasons=f["reasons"])
   print(json.dumps(out))

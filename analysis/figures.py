@@ -78,8 +78,7 @@ def lines(data: pd.DataFrame, xlabel, ylabel, logx: bool = False, logy: bool = F
     if logx:
       _batch_ticks(ax, d.x[~d["style"].isin(["fit", "dashed"])])
     if logy:
-      ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-      ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+      _log_labels(ax.yaxis, d.y)
     label = lambda v: v.get(panel, "") if isinstance(v, dict) else v  # noqa: E731
     ax.set(xlabel=label(xlabel), ylabel=label(ylabel), title=str(panel))
     ax.grid(alpha=0.3)
@@ -91,11 +90,30 @@ def lines(data: pd.DataFrame, xlabel, ylabel, logx: bool = False, logy: bool = F
 
 def _batch_ticks(ax, x):
   """Plain numbers on a log x axis; the data's own values when there are few (batch sizes)."""
-  ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-  ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
   values = sorted(v for v in set(x) if v > 0 and math.isfinite(v))
-  if 2 <= len(values) <= 10:
+  if 2 <= len(values) <= 6:
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_plain))
     ax.set_xticks(values)
+  else:
+    _log_labels(ax.xaxis, x)
+
+
+def _plain(v, _=None) -> str:
+  """1.5k, 300, 0.0002: a tick label without exponents."""
+  if v >= 1000:
+    return f"{v / 1000:.3g}k"
+  return f"{v:.3g}"
+
+
+def _log_labels(axis, values):
+  """Plain numbers on a log axis; minor ticks labelled too when the data span less than a
+  decade (else a log axis may show no label at all)."""
+  fmt = matplotlib.ticker.FuncFormatter(_plain)
+  axis.set_major_formatter(fmt)
+  v = np.asarray([u for u in values if np.isfinite(u) and u > 0], float)
+  small = v.size and v.max() / v.min() < 10
+  axis.set_minor_formatter(fmt if small else matplotlib.ticker.NullFormatter())
 
 
 def heatmap(data: pd.DataFrame, value: str, title: str):

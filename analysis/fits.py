@@ -92,14 +92,16 @@ def _fit_many(log_b, log_e, grid) -> dict:
 
 
 def critical_batch(points_by_batch: dict, reps: int = 1000, level: float = 0.95,
-                   seed: int = 0) -> dict:
+                   seed: int = 0, min_seeds: int = 3) -> dict:
   """B_crit with its interval from resampling seeds, and the diagnostics that decide whether
   the data identify it (DESIGN.md, "Critical training batch").
 
   `points_by_batch` maps each batch B to its seeds' responses to target (inf: never reached).
   The fit uses the median per batch; each bootstrap rep resamples the seeds within every batch
-  and refits. Diagnostics, each a reason for "not identified":
-  - `reached`: every batch's median reached the target (at least 3 batches);
+  and refits (its coverage is tested by simulation at 5 seeds, tests/test_fits.py). Reasons
+  for "not identified":
+  - fewer than 3 batches, a batch whose median never reached the target, or one with fewer
+    than `min_seeds` seeds;
   - `monotone`: E does not fall with B (a fall larger than the two medians' intervals is a
     law the data break: E_min (1 + B/B_crit) only grows);
   - `residual`: the log residuals are within what the seeds' spread allows (the chi-square of
@@ -114,8 +116,16 @@ def critical_batch(points_by_batch: dict, reps: int = 1000, level: float = 0.95,
   med = np.array([np.median(s) for s in seeds])
   out = dict(batches=list(map(float, b)), medians=list(map(float, med)), n=[len(s) for s in seeds],
              reasons=[])
-  if len(b) < 3 or not np.isfinite(med).all():
-    out["reasons"].append("fewer than 3 batches whose median reached the target")
+  if len(b) < 3:
+    out["reasons"].append(f"{len(b)} batches (3 are needed)")
+  never = [f"{x:g}" for x, m in zip(batches, med) if not np.isfinite(m)]
+  if never:
+    out["reasons"].append(f"the median of B = {', '.join(never)} never reached the target")
+  few = [f"{x:g}" for x, v in zip(batches, seeds) if v.size < min_seeds]
+  if few:
+    out["reasons"].append(f"fewer than {min_seeds} seeds at B = {', '.join(few)} (a bootstrap "
+                          "over so few gives an interval far narrower than its level)")
+  if out["reasons"]:
     return dict(out, identified=False)
   fit = fit_critical_batch(b, med)
   out.update(fit)
@@ -502,3 +512,87 @@ def lr_optimum(lrs, responses) -> dict:
       half = 0.5 * min(x[1] - x[0], x[2] - x[1])
       out["lr"] = float(np.exp(np.clip(-b / (2 * a), x[1] - half, x[1] + half)))
   return out
+
+
+def _optimum_rows(lrs: np.ndarray, e: np.ndarray) -> np.ndarray:
+  """lr_optimum over many rows at once: `e` (R, K) medians at the sorted rates `lrs` (K,);
+  the best grid rate refined by the parabola through its neighbours in log-log (nan when a row
+  never reached the target)."""
+  x = np.log(lrs)
+  y = np.log(np.where(np.isfinite(e), e, np.inf))
+  i = np.argmin(y, axis=1)
+  rows = np.arange(e.shape[0])
+  best = x[i]
+  out = best.copy()
+  if lrs.size >= 3:
+    j = np.clip(i, 1, lrs.size - 2)
+    y0, y1, y2 = y[rows, j - 1], y[rows, j], y[rows, j + 1]
+    x0, x1, x2 = x[j - 1], x[j], x[j + 1]
+    with np.errstate(invalid="ignore", divide="ignore"):
+      # The vertex of the parabola through three points (x need not be evenly spaced).
+      d1, d2 = (y1 - y0) / (x1 - x0), (y2 - y1) / (x2 - x1)
+      a = (d2 - d1) / (x2 - x0)
+      vertex = 0.5 * (x0 + x1) - d1 / (2 * a)
+      half = 0.5 * np.minimum(x1 - x0, x2 - x1)
+      refined = np.clip(vertex, x1 - half, x1 + half)
+    ok = (i > 0) & (i < lrs.size - 1) & np.isfinite(y0) & np.isfinite(y2) & (a > 0)
+    out = np.where(ok, refined, best)
+  return np.where(np.isfinite(y[rows, i]), np.exp(out), np.nan)
+
+
+def lr_exponent(cells: dict, reps: int = 1000, level: float = 0.95, seed: int = 0) -> dict:
+  """The exponent a of lr*(B) ∝ B^a from a scan: `cells` maps (B, lr) to its seeds' responses
+  to target (inf: never reached). Per B the best rate of the medians (lr_optimum, refined),
+  then a least-squares line of log lr* on log B; the interval resamples the seeds within every
+  cell and refits. Returns exponent, lo, hi, the per-B optima and the smallest seed count."""
+  by_b: dict[float, list] = {}
+  for (b, lr), v in sorted(cells.items()):
+    by_b.setdefault(float(b), []).append((float(lr), np.asarray(v, float)))
+  batches = sorted(by_b)
+  rng = np.random.default_rng(seed)
+  point, draws = [], []
+  for b in batches:
+    lrs = np.array([lr for lr, _ in by_b[b]])
+    med = np.array([[np.median(v) for _, v in by_b[b]]])
+    point.append(_optimum_rows(lrs, med)[0])
+    boot = np.stack([np.median(v[rng.integers(0, v.size, (reps, v.size))], axis=1)
+                     for _, v in by_b[b]], axis=1)
+    draws.append(_optimum_rows(lrs, boot))
+  logb = np.log(np.asarray(batches))
+  def slope(lr_star):  # (R, nB) -> (R,), nan where a batch never reached the target
+    y = np.log(lr_star)
+    xc = logb - logb.mean()
+    return ((y - y.mean(axis=-1, keepdims=True)) * xc).sum(-1) / (xc ** 2).sum()
+  out = dict(batches=batches, optima=list(map(float, point)),
+             seeds=int(min(v.size for vs in by_b.values() for _, v in vs)) if by_b else 0)
+  if len(batches) < 2 or not np.isfinite(point).all():
+    return dict(out, exponent=float("nan"), lo=float("nan"), hi=float("nan"))
+  s = slope(np.stack(draws, axis=1))
+  s = s[np.isfinite(s)]
+  alpha = (1 - level) / 2
+  lo, hi = np.quantile(s, [alpha, 1 - alpha]) if s.size else (np.nan, np.nan)
+  return dict(out, exponent=float(slope(np.asarray(point)[None])[0]), lo=float(lo),
+              hi=float(hi))
+
+
+def lr_exponent_coverage(design: dict, exponent: float, spread: float, curvature: float,
+                         datasets: int = 200, reps: int = 200, level: float = 0.95,
+                         seed: int = 0) -> float:
+  """How often `lr_exponent`'s interval covers the truth on simulated scans of this `design`
+  ({(B, lr): seeds}): E = (1 + curvature log2(lr/lr*(B))^2) x log-normal(spread), with
+  lr*(B) = the design's middle rate x (B/B_mid)^exponent."""
+  rng = np.random.default_rng(seed)
+  keys = sorted(design)
+  b = np.array([k[0] for k in keys], float)
+  lr = np.array([k[1] for k in keys], float)
+  b_mid = float(np.exp(np.mean(np.log(np.unique(b)))))
+  lr_mid = float(np.exp(np.mean(np.log(lr))))
+  star = lr_mid * (b / b_mid) ** exponent
+  base = 1 + curvature * np.log2(lr / star) ** 2
+  covered = 0
+  for i in range(datasets):
+    cells = {k: base[j] * np.exp(spread * rng.standard_normal(design[k]))
+             for j, k in enumerate(keys)}
+    f = lr_exponent(cells, reps=reps, level=level, seed=i)
+    covered += f["lo"] <= exponent <= f["hi"]
+  return covered / datasets

@@ -73,8 +73,8 @@ def _problems(study) -> str:
   rows = pd.DataFrame({"run": bad.run, "status": bad.status, "why not used": bad.problem,
                        "error (last line)": bad.error.fillna(""),
                        "evaluations": bad.get("n_eval", pd.Series(0, index=bad.index))})
-  return (f"{len(bad)} of {len(study.runs)} runs are not used in the fits (unfinished runs "
-          "with evaluations are drawn dashed in the invariance curves):\n\n" + table(rows))
+  return (f"{len(bad)} of {len(study.runs)} runs are not used in any table, fit or figure:"
+          "\n\n" + table(rows))
 
 
 def interval_columns(table: pd.DataFrame) -> pd.DataFrame:

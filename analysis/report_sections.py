@@ -160,11 +160,17 @@ def invariance_rows(study: st.Study, table: pd.DataFrame, tolerance: float, band
   out = []
   for s in study_series(study, table):
     ref_curve = st.config_curve(study, s.reference)
+    ref_e = st.seed_values(study, s.reference, target=target)
+    reached = bool(ref_e.size) and np.isfinite(np.median(ref_e))
     for b in sorted(s.configs):
       c = s.configs[b]
       row = table[table.config == c].iloc[0]
-      q = ratio(study, c, s.reference, target=target) if c != s.reference else \
-          stats.Interval(1.0, n=int(row.n_seeds))
+      if c == s.reference:
+        q = stats.Interval(1.0, n=int(row.n_seeds))
+      elif reached:
+        q = ratio(study, c, s.reference, target=target)
+      else:  # no ratio to a reference that never got there (x / inf would read as 0)
+        q = stats.Interval(math.nan, n=int(row.n_seeds))
       short = st.curve_shortfall(st.config_curve(study, c), ref_curve) if c != s.reference \
           else 0.0
       steps = st.seed_values(study, c, "steps_to_target", target)
@@ -172,6 +178,7 @@ def invariance_rows(study: st.Study, table: pd.DataFrame, tolerance: float, band
       within = bool(np.isfinite(q.point) and q.point <= 1 + tolerance)
       out.append(dict(kind=s.kind, series=s.name, B=int(b), config=c, label=row.label,
                       seeds=int(row.n_seeds), is_reference=c == s.reference, ratio=q,
+                      reference_reached=reached,
                       ratio_within=within, shortfall=short,
                       curve_within=bool(not short > band), steps=steps_med,
                       invariant=(within and not short > band) or c == s.reference))
@@ -210,6 +217,9 @@ def invariance(study: st.Study, table: pd.DataFrame) -> Section:
     return sec
   o = study.opts
   rows = invariance_rows(study, table, o.tolerance, o.band)
+  for s in study_series(study, table):
+    sec.text.append(f"Series {s.kind} {s.name}: B = {', '.join(map(str, sorted(s.configs)))}, "
+                    f"reference B = {s.b0}" + (f" ({s.note})" if s.note else "") + ".")
   for (kind, name), g in rows.groupby(["kind", "series"], sort=False):
     ref = g[g.is_reference].iloc[0]
     down, up = largest_invariant(g)
@@ -229,9 +239,16 @@ def invariance(study: st.Study, table: pd.DataFrame) -> Section:
       if not b.curve_within:
         why.append(f"its curve falls {num(b.shortfall)} below the reference's")
       broke = f"; at B={b.B} it {' and '.join(why)}"
+    inside = g[(g.B >= down) & (g.B <= up) & ~g.is_reference]
+    unsettled = [r.B for r in inside.itertuples() if _sure(r, o.tolerance) == "no"]
+    if len(last) and _sure(last.iloc[0], o.tolerance) == "no" and last.iloc[0].curve_within:
+      unsettled.append(int(last.iloc[0].B))
+    hedge = (f"; not settled at B = {', '.join(map(str, unsettled))}: the ratio's interval "
+             f"reaches across 1 + {o.tolerance:g}, more seeds would decide it"
+             if unsettled else "")
     sec.verdict.append(f"{kind}, {name}: **largest invariant B = {up}** responses per optimizer "
                        f"step (invariant from B={down} to B={up}; reference B={ref.B}, "
-                       f"tolerance {o.tolerance:g}, band {o.band:g}){broke}{note}.")
+                       f"tolerance {o.tolerance:g}, band {o.band:g}){broke}{hedge}{note}.")
   sec.facts["rows"] = rows
   sec.tables.append(("Responses-to-target ratio and curve shortfall per batch (ratio: median "
                      "over seeds [interval] (seeds, coverage); settled: the interval lies on "
@@ -268,12 +285,10 @@ def sensitivity(study: st.Study, table: pd.DataFrame, tolerances=(0.1, 0.2, 0.3)
         r = rows.assign(invariant=[(x.ratio_within and not x.shortfall > band)
                                    or x.is_reference for x in rows.itertuples()])
         for (kind, name), g in r.groupby(["kind", "series"], sort=False):
-          ref_ok = np.isfinite(g[g.is_reference].ratio.iloc[0].point)
-          ref_cfg = g[g.is_reference].config.iloc[0]
-          reached = np.isfinite(st.seed_values(study, ref_cfg, target=t)).any()
+          reached = bool(g.reference_reached.iloc[0])
           out.append({"kind": kind, "series": name, "target": t, "tolerance": tol,
                       "band": band, "largest invariant B":
-                      largest_invariant(g)[1] if ref_ok and reached else "undetermined"})
+                      largest_invariant(g)[1] if reached else "undetermined"})
   if not out:
     return pd.DataFrame()
   d = pd.DataFrame(out)

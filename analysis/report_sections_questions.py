@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
 import study_table as st
@@ -47,6 +48,12 @@ def q_range(study: st.Study, done: dict) -> dict:
   lo, hi = int(rows.B.min()), int(rows.B.max())
   broke = rows[(rows.B > up)].head(1)
   o = study.opts
+  unsettled = [r.B for r in rows.itertuples() if not r.is_reference and r.ratio.has_bounds
+               and r.ratio.lo <= 1 + o.tolerance < r.ratio.hi]
+  if up == hi and down == lo and unsettled:
+    return dict(claim=claim, mark="not settled",
+                why=f"invariant over B = {lo} to {hi} by the medians, but the intervals at "
+                    f"B = {', '.join(map(str, unsettled))} reach across {1 + o.tolerance:g}")
   if up == hi and down == lo:
     return dict(claim=claim, mark="reproduced" if hi / lo >= 16 else "consistent",
                 why=f"invariant over the whole range tried, B = {lo} to {hi} "
@@ -75,9 +82,10 @@ def q_fixed(study: st.Study, done: dict) -> dict:
   d = (sec.facts.get("fixed_cost") or {}).get("grpo") if sec else None
   if d is None or d.empty:
     return dict(claim=claim, mark="not tested", why="no fixed-lr runs beside best-lr ones")
-  far = d.iloc[d.B.sub(d.B.median()).abs().idxmax()] if len(d) > 1 else d.iloc[0]
+  b0 = float(study.runs[study.runs.kind == "grpo"].B0.dropna().mode().iloc[0])
+  far = d.loc[(np.log(d.B.astype(float)) - math.log(b0)).abs().idxmax()]
   q = far.ratio
-  text = f"at B = {far.B} (farthest from B0): {iv(q, '×')}"
+  text = f"at B = {far.B} (farthest from B0 = {b0:g}): {iv(q, '×')}"
   if not q.has_bounds:
     return dict(claim=claim, mark="not settled", why=text + " (no interval)")
   if q.lo <= 1.67 and q.hi >= 1.5 and q.lo > 1:

@@ -21,53 +21,54 @@ RULES = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}  # the exponent of lr in B of 
 
 def scan_table(study: st.Study, kind: str, g: int) -> pd.DataFrame:
   """Every (B, lr) the study ran for `kind` at G = g, all seeds (tuning and verdict): median
-  responses to target and final value with their intervals."""
+  responses to target and final value with their intervals, and whether a scan (a tuning
+  stage) ran it."""
   used = study.used()
   used = used[(used.kind == kind) & (used.G == g)]
   rows = []
   for (b, lr), r in used.groupby(["B", "lr"]):
     e = r.responses_to_target.to_numpy(float)
     rows.append(dict(B=int(b), P=int(r.P.iloc[0]), lr=float(lr), seeds=len(r),
-                     roles="+".join(sorted(set(r.role))), rtt_iv=stats.median_interval(e),
+                     roles="+".join(sorted(set(r.role))), scanned=bool((r.role == "tuning").any()),
+                     rtt_iv=stats.median_interval(e),
                      final_iv=stats.median_interval(r.final.to_numpy(float)),
-                     rtt=float(np.median(e))))
+                     rtt=float(np.median(e)), values=e))
   return pd.DataFrame(rows)
 
 
 def lr_optima(scan: pd.DataFrame) -> pd.DataFrame:
-  """Per B: the best lr of its scan (fits.lr_optimum), refined between grid points."""
+  """Per B: the best lr (fits.lr_optimum, refined between grid points), at its scan's edge when
+  it is the smallest or largest rate a tuning stage tried (or, without one, any run)."""
   out = []
   for b, g in scan.groupby("B"):
     f = fits.lr_optimum(g.lr, g.rtt)
-    out.append(dict(B=int(b), tried=len(g), **f))
+    grid = g[g.scanned] if g.scanned.any() else g
+    f["at_edge"] = bool(f["reached"] and (len(grid) < 2 or f["grid_lr"] in (grid.lr.min(),
+                                                                             grid.lr.max())))
+    out.append(dict(B=int(b), tried=len(grid), **f))
   return pd.DataFrame(out)
 
 
-def lr_exponent(study: st.Study, kind: str, g: int, reps: int = 500) -> dict:
-  """The exponent a of lr*(B) ∝ B^a, with an interval from resampling seeds within every
-  (B, lr) and refitting, and the rules (none 0, sqrt 0.5, linear 1) the interval admits."""
-  used = study.used()
-  used = used[(used.kind == kind) & (used.G == g)]
-  cells = {(int(b), float(lr)): r.responses_to_target.to_numpy(float)
-           for (b, lr), r in used.groupby(["B", "lr"])}
-  def fit(draw):
-    scan = pd.DataFrame([dict(B=b, lr=lr, rtt=np.median(v)) for (b, lr), v in draw.items()])
-    opt = lr_optima(scan)
-    opt = opt[np.isfinite(opt.lr)]
-    if opt.B.nunique() < 2:
-      return math.nan
-    return fits.fit_power(opt.B, opt.lr)["exponent"]
-  point = fit(cells)
-  rng = np.random.default_rng(study.opts.seed)
-  draws = [fit({k: v[rng.integers(0, v.size, v.size)] for k, v in cells.items()})
-           for _ in range(reps)]
-  draws = np.asarray([d for d in draws if np.isfinite(d)])
-  out = dict(exponent=point, n_batches=len({b for b, _ in cells}),
-             seeds=int(min(v.size for v in cells.values())) if cells else 0)
-  if draws.size and np.isfinite(point):
-    lo, hi = np.quantile(draws, [0.025, 0.975])
-    out.update(lo=float(lo), hi=float(hi),
-               rules=[name for name, a in RULES.items() if lo <= a <= hi])
+def lr_exponent(study: st.Study, scan: pd.DataFrame) -> dict:
+  """fits.lr_exponent on the scan's cells, with its interval's coverage measured by simulating
+  this scan (its cells and seeds) at the spread of its seeds and the curvature of its E(lr)."""
+  cells = {(r.B, r.lr): r.values for r in scan.itertuples()}
+  out = fits.lr_exponent(cells, reps=study.opts.fit_reps, seed=study.opts.seed)
+  if not np.isfinite(out["lo"]):
+    return out
+  logs = [np.log(v[np.isfinite(v)]) for v in cells.values() if np.isfinite(v).sum() >= 2]
+  dof = sum(x.size - 1 for x in logs)
+  spread = float(np.sqrt(sum(((x - x.mean()) ** 2).sum() for x in logs) / dof)) if dof else 0.3
+  curv = []
+  for _, g in scan.groupby("B"):
+    ok = g[np.isfinite(g.rtt)]
+    if len(ok) >= 3:
+      c2 = np.polyfit(np.log2(ok.lr), np.log(ok.rtt), 2)[0]
+      curv.append(max(c2, 0.02))
+  curvature = float(np.median(curv)) if curv else 0.2
+  design = {k: int(v.size) for k, v in cells.items()}
+  out.update(spread=spread, curvature=curvature, coverage=fits.lr_exponent_coverage(
+      design, out["exponent"], spread, curvature, datasets=100, reps=100, seed=study.opts.seed))
   return out
 
 
@@ -90,18 +91,24 @@ def learning_rate(study: st.Study, table: pd.DataFrame) -> Section:
                            "final": [iv(r.final_iv) for r in scan.itertuples()]})))
     edges = opt[opt.at_edge & (opt.tried > 1)]
     sec.tables.append((f"{kind}: the best lr per B (grid value, refined by a parabola in log "
-                       "lr; at edge: the scan's smallest or largest)", opt.assign(
-                           lr=opt.lr.map(num), grid_lr=opt.grid_lr.map(num))))
-    ex = lr_exponent(study, kind, g, reps=min(study.opts.fit_reps, 500))
-    if "lo" in ex:
-      rules = ", ".join(ex["rules"]) or "none of none, sqrt, linear"
+                       "lr; tried: the rates its scan ran; at edge: the smallest or largest of "
+                       "them)", opt.assign(lr=opt.lr.map(num), grid_lr=opt.grid_lr.map(num))))
+    ex = lr_exponent(study, scan)
+    sec.facts.setdefault("exponent", {})[kind] = ex
+    edge = (f"; the best lr is at its scan's edge at B = {', '.join(map(str, edges.B))} (the "
+            "optimum may lie beyond)" if len(edges) else "")
+    if np.isfinite(ex["lo"]):
+      admits = [name for name, a in RULES.items() if ex["lo"] <= a <= ex["hi"]]
       sec.verdict.append(
           f"{kind}: the best lr grows as B^{num(ex['exponent'])} [{num(ex['lo'])}, "
-          f"{num(ex['hi'])}] over {ex['n_batches']} batches ({ex['seeds']}+ seeds per rate; "
-          f"sqrt = 0.5, linear = 1, none = 0): the interval admits {rules}"
-          + (f"; the best lr is at its scan's edge at B = "
-             f"{', '.join(map(str, edges.B))} (the optimum may lie beyond)" if len(edges)
-             else "") + ".")
+          f"{num(ex['hi'])}] over {len(ex['batches'])} batches ({ex['seeds']}+ seeds per rate; "
+          f"the interval's coverage on simulated scans like this one: {ex['coverage']:.0%}); "
+          f"sqrt = 0.5, linear = 1, none = 0: the interval admits "
+          f"{', '.join(admits) or 'none of them'}{edge}.")
+    elif np.isfinite(ex["exponent"]):
+      sec.verdict.append(f"{kind}: the best lr grows as B^{num(ex['exponent'])} over "
+                         f"{len(ex['batches'])} batches (no interval: {ex['seeds']} seed(s) per "
+                         f"rate){edge}.")
     sec.figures.append(_lr_figure(kind, scan, opt))
   _fixed_cost(study, table, sec)
   if not sec.tables:

@@ -35,7 +35,9 @@ class Series:
 
 
 def _chosen_lr(study: st.Study, kind: str) -> dict[int, float]:
-  """P -> lr chosen by a study stage whose runs are of `kind` (study.json), {} when none."""
+  """P -> the effective lr of the value a study stage of `kind` chose for it (study.json; its
+  runs' scaling rule applied), {} when none."""
+  from rlscale import optim
   runs = study.runs
   out = {}
   for choice in study.record.get("chosen", {}).values():
@@ -44,7 +46,12 @@ def _chosen_lr(study: st.Study, kind: str) -> dict[int, float]:
       continue
     for group, value in choice.get("values", {}).items():
       p = int(group.split("=", 1)[1])
-      out[p] = float(value)
+      at_p = stage_runs[stage_runs.P == p]
+      if at_p.empty:
+        continue
+      r = study.records[at_p.run.iloc[0]]
+      cfg = dict(r.config.get("optim", {}), lr=float(value))
+      out[p] = optim.scale(cfg, r.plan.batch).lr
   return out
 
 
@@ -91,7 +98,9 @@ def _best(study: st.Study, kind: str, d: pd.DataFrame, b0: float) -> list[Series
     configs[int(b)] = best.config.iloc[0]
   if len(configs) < 2:
     return []
-  how = "the study's choice per B" if chosen else "the fewest median responses to target per B"
+  how = ("the study's choice per B (on seeds the verdict does not use)" if chosen else
+         "the fewest median responses to target per B, chosen on the same seeds the verdict "
+         "uses: optimistic for the best lr, and what a fixed lr costs is overstated")
   s = _reference(kind, "best lr", configs, b0)
   s.note = "; ".join(filter(None, [f"lr: {how}", s.note]))
   return [s]

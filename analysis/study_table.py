@@ -198,16 +198,18 @@ def responses_to_target(run: Run, metric: str, target: float) -> float:
   x, y = eval_curve(run, metric)
   if x.size == 0:
     return math.inf
-  return crossing.first_crossing(x, y, target) - warmup_responses(run)
+  return max(crossing.first_crossing(x, y, target) - warmup_responses(run), 0.0)
 
 
 def steady_throughput(run: Run) -> float:
   """Responses per second of a step net of evaluation and checkpointing, median over steps >= 2
-  (step 1 carries the compilation)."""
+  (step 1 carries the compilation) past any critic warm-up (steps in which the actor does not
+  train are faster, and more of them at a smaller batch)."""
   per_step = run.responses_per_step
+  first = max(2, warmup_responses(run) // max(per_step, 1) + 1)
   rates = []
   for r in run.rows:
-    if r.get("step", 0) < 2 or not isinstance(r.get("time/step"), (int, float)):
+    if r.get("step", 0) < first or not isinstance(r.get("time/step"), (int, float)):
       continue
     t = r["time/step"] - (r.get("time/eval") or 0) - (r.get("time/checkpoint") or 0)
     if t > 0:
@@ -259,7 +261,13 @@ _NOT_CONFIG = ("seed", "optim.lr", "optim.lr_scaling", "optim.reference_batch", 
                "init.cache_dir")
 
 
-def _is_config_field(key: str) -> bool:
+def _is_config_field(key: str, flat: dict[str, dict]) -> bool:
+  """Whether a varying field splits configurations (module docstring). The run length and the
+  reference batch do when some run decays its lr to the run's end or scales Adam's moments."""
+  if key.startswith(("train.total_responses", "train.num_steps")):
+    return any(f.get("optim.schedule", "constant") != "constant" for f in flat.values())
+  if key == "optim.reference_batch":
+    return any(f.get("optim.adam_scaling") for f in flat.values())
   return not key.startswith(_NOT_CONFIG)
 
 
@@ -384,7 +392,7 @@ def _add_config_columns(study: Study):
   flat = {rid: flatten(r.config) for rid, r in study.records.items()}
   keys = sorted(set().union(*flat.values())) if flat else []
   runs = study.runs
-  varying = [k for k in keys if _is_config_field(k)
+  varying = [k for k in keys if _is_config_field(k, flat)
              and len({repr(f.get(k)) for f in flat.values()}) > 1]
   study.varying = varying
   if study.opts.reference_batch:
@@ -438,14 +446,22 @@ def _add_outcomes(study: Study):
     cols["b_simple_prompts"].append(b_simple_at(run, cross_at, "prompts") if ok else math.nan)
     cols["b_simple_responses"].append(b_simple_at(run, cross_at, "responses") if ok
                                       else math.nan)
-    # How far the curve fell below the target after first reaching it (a collapse).
-    if ok and math.isfinite(rtt):
-      after = y[x >= cross_at]
-      cols["drop_after_target"].append(float(max(0.0, t - after.min())) if after.size else 0.0)
-    else:
-      cols["drop_after_target"].append(math.nan)
+    # How far the curve fell below the target after an evaluation first reached it (a
+    # collapse; a run that collapses for good has no monotone crossing, but still this).
+    hit = np.flatnonzero(y >= t) if ok else np.zeros(0, int)
+    cols["drop_after_target"].append(float(max(0.0, t - y[hit[0]:].min())) if hit.size
+                                     else math.nan)
   for k, v in cols.items():
     runs[k] = v
+  # A crossing inside a bracket wider than a quarter of itself rests on the curve's shape
+  # between two far-apart evaluations (rlscale/crossing.py): say how many there are.
+  cross = runs.responses_to_target + runs.get("warmup", 0).fillna(0).astype(float)
+  coarse = runs[(runs.problem == "") & np.isfinite(cross) & (runs.bracket > 0.25 * cross)]
+  if len(coarse):
+    study.warnings.append(f"{len(coarse)} run(s) cross the target between evaluations more "
+                          "than a quarter of the crossing apart (e.g. "
+                          f"{coarse.run.iloc[0]}: bracket {coarse.bracket.iloc[0]:g} responses "
+                          "wide): evaluate more often for a resolved crossing")
   few = (runs.problem == "") & (runs.n_eval < 2)
   runs.loc[few, "problem"] = "fewer than 2 evaluations of " + m
 
@@ -455,6 +471,8 @@ def _mark_duplicates(study: Study):
   a repeated seed would narrow the interval without new evidence."""
   runs = study.runs
   ok = runs[(runs.problem == "") & runs.seed.notna()]
+  # A tuning copy is kept (that seed chose a value: its verdict copy is no fresh evidence).
+  ok = ok.assign(_t=(ok.role != "tuning")).sort_values(["_t", "run"])
   dup = ok.duplicated(["config", "seed"], keep="first")
   for i in ok.index[dup]:
     first = ok[(ok.config == ok.config[i]) & (ok.seed == ok.seed[i])].run.iloc[0]

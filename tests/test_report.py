@@ -5,6 +5,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -142,3 +143,23 @@ def test_a_directory_without_runs_is_a_one_line_error(tmp_path):
                       str(tmp_path)], capture_output=True, text=True)
   assert r.returncode == 2
   assert r.stderr.strip().count("\n") == 0 and "error: no runs in" in r.stderr
+
+
+def test_a_collapsing_reference_seed_moves_no_verdict_and_is_flagged(tmp_path):
+  """One of the reference's five verdict seeds reaches the target and collapses for good: its
+  responses to target are infinite (it did not stay there), the median of the five and the
+  largest invariant B do not move, and the design check names the collapse."""
+  import report_sections
+  import study_table
+  root = fake_study.write_study(str(tmp_path / "study"), collapse_reference_seed=True)
+  study = study_table.read_study([root], study_table.Options(reps=300, fit_reps=50),
+                                 stream=open(os.devnull, "w"))
+  table = study_table.config_table(study)
+  ref = table[(table.B == 16) & (table.lr == 1e-4)].iloc[0]
+  assert ref.n_seeds == 5 and np.isinf(ref.rtt_iv.hi) and np.isfinite(ref.rtt)
+  done = {"invariance": report_sections.invariance(study, table)}
+  rows = done["invariance"].facts["rows"]
+  best = rows[rows.series == "best lr"]
+  assert report_sections.largest_invariant(best) == (8, 32)
+  checks = {name: ok for name, ok, _ in report_sections.design(study, table, done).facts["checks"]}
+  assert checks["grpo: the reference B=16 does not collapse"] is False

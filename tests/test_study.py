@@ -121,7 +121,7 @@ def test_the_shipped_cpu_study_declares_its_stages(tmp_path, monkeypatch):
   assert r.returncode == 0, r.stderr
   heads = [line for line in r.stdout.splitlines() if not line.startswith("  ")]
   assert heads == [
-      "grpo_lr: sweep lr_scan of configs/grpo_chain_sum.py, 32 points, chooses lr per p",
+      "grpo_lr: sweep lr_scan of configs/grpo_chain_sum.py, 48 points, chooses lr per p",
       "grpo: sweep confirm of configs/grpo_chain_sum.py (after the choice of lr)",
       "pairs: sweep pairs of configs/grpo_chain_sum.py (after the choice of lr)",
       "ppo_lr: sweep lr_scan of configs/ppo_chain_sum.py, 12 points, chooses optim.lr per p",

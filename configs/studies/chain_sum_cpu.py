@@ -6,7 +6,7 @@
 
 Stages (rlscale/sweep/study.py), in order:
   grpo_lr  GRPO's learning rate at every batch, P = 1 ... 8 at G = 8 (B = 8 ... 64
-           responses per optimizer step), 4 rates per P around the sqrt rule, 2 seeds; it sets
+           responses per optimizer step), 4 rates per P around the sqrt rule, 3 seeds; it sets
            the study's target on the sampled held-out accuracy (70% of the way from the base to
            the best median final value) and chooses the rate with the fewest responses to it
            per P among the stable ones, extending a scan whose best rate is at its edge;

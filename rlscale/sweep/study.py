@@ -221,8 +221,9 @@ class StudyRunner:
     values = {k: _format(v["value"]) for k, v in self.record["chosen"].items() if "value" in v}
     return stage.config.format(**values)
 
-  def _resolve(self, stage: Stage, overrides: dict[str, Any]) -> dict[str, Any]:
-    """A declared point with its "{key}" / "{key:k=v}" values replaced by the choices."""
+  def _resolve(self, stage: Stage, overrides: dict[str, Any]) -> dict[str, Any] | None:
+    """A declared point with its "{key}" / "{key:k=v}" values replaced by the choices; None
+    when its group has no choice (every run of that group failed)."""
     out = {}
     for k, v in overrides.items():
       m = _REF.match(v) if isinstance(v, str) else None
@@ -238,8 +239,7 @@ class StudyRunner:
         group = group_of(overrides, chosen["per"])
       values = chosen["values"]
       if group not in values:
-        raise ConfigError(f"stage {stage.name!r}: point {overrides} needs {key} for group "
-                          f"{group!r}; the choice has {sorted(values)}")
+        return None  # no finished run of that group to choose from (logged by points_of)
       out[k] = values[group]
     return out
 
@@ -247,7 +247,14 @@ class StudyRunner:
     """The stage's points: declared, choices filled in, duplicates merged, extensions added."""
     from rlscale.sweep import points
     config = self.config_of(stage)
-    declared_pts = [self._resolve(stage, o) for o in points.declared_points(config, stage.sweep)]
+    declared_pts = []
+    for o in points.declared_points(config, stage.sweep):
+      resolved = self._resolve(stage, o)
+      if resolved is None:
+        logging.warning("study: stage %s skips %s: no run of its group finished, so nothing "
+                        "was chosen for it", stage.name, o)
+        continue
+      declared_pts.append(resolved)
     extra = self.record["stages"].get(stage.name, {}).get("extra", [])
     unique, seen = [], set()
     for o in declared_pts + extra:
@@ -349,7 +356,12 @@ class StudyRunner:
                         "%d extensions", stage.name, group or "all", stage.choose, best,
                         stage.max_extend)
         continue
-      new = _round(best * stage.extend if best == tried[-1] else best / stage.extend)
+      # One step past the edge, from the inner neighbour (two steps from it) so that a grid of
+      # rounded values stays on itself (1.41e-4 x sqrt(2) would round to 1.99e-4, not 2e-4).
+      if best == tried[-1]:
+        new = _round(tried[-2] * stage.extend ** 2)
+      else:
+        new = _round(tried[1] / stage.extend ** 2)
       for r in runs:
         if r["overrides"][stage.choose] == best:
           extra.append(dict(r["overrides"], **{stage.choose: new}))
