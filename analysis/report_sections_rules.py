@@ -20,11 +20,13 @@ RULES = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}  # the exponent of lr in B of 
 
 
 def scan_table(study: st.Study, kind: str, g: int) -> pd.DataFrame:
-  """Every (B, lr) the study ran for `kind` at G = g, all seeds (tuning and verdict): median
-  responses to target and final value with their intervals, and whether a scan (a tuning
-  stage) ran it."""
+  """Every (B, lr) the scan ran for `kind` at G = g: median responses to target and final value
+  with their intervals, over the tuning stage's seeds (the ones the study chose with) when there
+  is one, else over every run."""
   used = study.used()
   used = used[(used.kind == kind) & (used.G == g)]
+  if (used.role == "tuning").any():
+    used = used[used.role == "tuning"]
   rows = []
   for (b, lr), r in used.groupby(["B", "lr"]):
     e = r.responses_to_target.to_numpy(float)
@@ -32,16 +34,33 @@ def scan_table(study: st.Study, kind: str, g: int) -> pd.DataFrame:
                      roles="+".join(sorted(set(r.role))), scanned=bool((r.role == "tuning").any()),
                      rtt_iv=stats.median_interval(e),
                      final_iv=stats.median_interval(r.final.to_numpy(float)),
-                     rtt=float(np.median(e)), values=e))
-  return pd.DataFrame(rows)
+                     rtt=float(np.median(e)), final_med=float(np.median(r.final)), values=e))
+  if not rows:
+    return pd.DataFrame()
+  scan = pd.DataFrame(rows)
+  return scan.assign(eligible=eligible(scan, _band(study)))
+
+
+def _band(study: st.Study) -> float:
+  """The eligibility band the study chose with (study.json), else the report's band."""
+  bands = [c.get("band") for c in study.record.get("chosen", {}).values() if c.get("band")]
+  return float(bands[0]) if bands else study.opts.band
+
+
+def eligible(scan: pd.DataFrame, band: float) -> pd.Series:
+  """The rule the study runner chooses by (rlscale/sweep/study.py): a rate is eligible when its
+  median final value is within `band` of the best rate's at that B (one that gets there fast
+  and then degrades is not the best)."""
+  best = scan.groupby("B").final_med.transform("max")
+  return scan.final_med >= best - band
 
 
 def lr_optima(scan: pd.DataFrame) -> pd.DataFrame:
-  """Per B: the best lr (fits.lr_optimum, refined between grid points), at its scan's edge when
-  it is the smallest or largest rate a tuning stage tried (or, without one, any run)."""
+  """Per B: the best eligible lr (fits.lr_optimum, refined between grid points), at its scan's
+  edge when it is the smallest or largest rate a tuning stage tried (or, without one, any run)."""
   out = []
   for b, g in scan.groupby("B"):
-    f = fits.lr_optimum(g.lr, g.rtt)
+    f = fits.lr_optimum(g.lr, g.rtt.where(g.eligible, np.inf))
     grid = g[g.scanned] if g.scanned.any() else g
     f["at_edge"] = bool(f["reached"] and (len(grid) < 2 or f["grid_lr"] in (grid.lr.min(),
                                                                              grid.lr.max())))
@@ -52,7 +71,7 @@ def lr_optima(scan: pd.DataFrame) -> pd.DataFrame:
 def lr_exponent(study: st.Study, scan: pd.DataFrame) -> dict:
   """fits.lr_exponent on the scan's cells, with its interval's coverage measured by simulating
   this scan (its cells and seeds) at the spread of its seeds and the curvature of its E(lr)."""
-  cells = {(r.B, r.lr): r.values for r in scan.itertuples()}
+  cells = {(r.B, r.lr): r.values for r in scan.itertuples() if r.eligible}
   out = fits.lr_exponent(cells, reps=study.opts.fit_reps, seed=study.opts.seed)
   if not np.isfinite(out["lo"]):
     return out
@@ -84,8 +103,12 @@ def learning_rate(study: st.Study, table: pd.DataFrame) -> Section:
       continue
     opt = lr_optima(scan)
     sec.tables.append((f"{kind}: responses to target per B and lr (median [interval] (seeds, "
-                       "coverage); every seed of the scan and of later stages)", pd.DataFrame({
+                       "coverage) over the scan's seeds; eligible: the "
+                       f"median final within {_band(study):g} of the best rate's, the rule the "
+                       "study chose by)", pd.DataFrame({
                            "B": scan.B, "P": scan.P, "lr": scan.lr, "stages": scan.roles,
+                           "eligible": ["yes" if e else "no (final below the band)"
+                                        for e in scan.eligible],
                            "responses to target": [iv(r.rtt_iv, final=r.final_iv.point)
                                                    for r in scan.itertuples()],
                            "final": [iv(r.final_iv) for r in scan.itertuples()]})))
