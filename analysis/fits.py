@@ -567,6 +567,9 @@ def lr_exponent(cells: dict, reps: int = 1000, level: float = 0.95, seed: int = 
              seeds=int(min(v.size for vs in by_b.values() for _, v in vs)) if by_b else 0)
   if len(batches) < 2 or not np.isfinite(point).all():
     return dict(out, exponent=float("nan"), lo=float("nan"), hi=float("nan"))
+  if out["seeds"] < 2:  # one seed per rate: a bootstrap would give a zero-width interval
+    return dict(out, exponent=float(slope(np.asarray(point)[None])[0]), lo=float("nan"),
+                hi=float("nan"))
   s = slope(np.stack(draws, axis=1))
   s = s[np.isfinite(s)]
   alpha = (1 - level) / 2

@@ -37,18 +37,19 @@ def _primary(study: st.Study, table: pd.DataFrame):
   return next((s for s in mine if s.name == "best lr"), mine[0])
 
 
-def b_simple_values(study: st.Study, configs: list[str]) -> tuple[np.ndarray, str]:
-  """The runs' B_simple at their crossing, in responses: prompt-level (x G) where measured,
-  else response-level (biased low when responses share prompts); and which one it is."""
+def b_simple_values(study: st.Study, configs: list[str]) -> tuple[np.ndarray, np.ndarray, str]:
+  """The runs' mean |G|^2 and tr(Sigma) estimates around their crossing (tr in responses):
+  prompt-level (x G) where measured, else response-level (biased low when responses share a
+  prompt), and which one it is. B_simple is their pooled ratio of means (stats.pooled_ratio):
+  a single run's |G|^2 estimate over a few steps is often not positive."""
   runs = study.verdict_runs()
   runs = runs[runs.config.isin(configs)]
-  for col, what in (("b_simple_prompts", "prompt-level x G"),
-                    ("b_simple_responses", "response-level")):
-    v = runs[col].to_numpy(float)
-    v = v[np.isfinite(v) & (v > 0)]
-    if v.size:
-      return v, what
-  return np.zeros(0), "none measured"
+  for unit, what in (("prompts", "prompt-level x G"), ("responses", "response-level")):
+    g2, tr = runs[f"g2_{unit}"].to_numpy(float), runs[f"trace_{unit}"].to_numpy(float)
+    keep = ~(np.isnan(g2) | np.isnan(tr))
+    if keep.any():
+      return g2[keep], tr[keep], what
+  return np.zeros(0), np.zeros(0), "none measured"
 
 
 def _fit_at(study: st.Study, s, target: float) -> dict:
@@ -71,21 +72,37 @@ def critical_batch(study: st.Study, table: pd.DataFrame) -> Section:
     sec.skipped = "no series with 3 or more batches."
     return sec
   fits_ = [_fit_at(study, s, t) for t in targets_of(study)]
-  bs, what = b_simple_values(study, list(s.configs.values()))
-  bs_iv = stats.median_interval(bs) if bs.size else stats.Interval(math.nan, n=0)
+  g2, tr, what = b_simple_values(study, list(s.configs.values()))
+  bs_iv = stats.pooled_ratio(tr, g2, reps=study.opts.reps, seed=study.opts.seed)
+  bs = (g2, tr)
   sec.text.append(
       f"Fit on {s.kind} ({s.name}): E(B) = E_min (1 + B/B_crit) to the median responses to "
       "target per batch, least squares in log E (multiplicative errors; McCandlish's "
       "(S/S_min − 1)(E/E_min − 1) = 1 with S = E/B is the same law); B_crit's interval from "
       f"{study.opts.fit_reps} resamples of the seeds within each batch. It is *not identified* "
       "when E falls with B, when the residuals exceed the seeds' spread, or when B_crit lies "
-      "beyond the batches tried (then only a bound is given). B_simple: the runs' noise-scale "
-      f"estimates over [½, 3/2] of their crossing, {what}, median over runs.")
+      "beyond the batches tried (then only a bound is given). B_simple: the runs' raw "
+      f"noise-scale estimates over [½, 3/2] of their crossing, {what}, pooled over the runs as "
+      "a ratio of means (mean tr Σ / mean |G|²) with a bootstrap over runs.")
   rows = []
   for f in fits_:
     rows.append(_row(f, bs))
   res = pd.DataFrame(rows)
   sec.facts.update(fits=fits_, b_simple=bs_iv, b_simple_what=what, series=s)
+  both = []
+  for unit in ("prompts", "responses"):
+    runs = study.verdict_runs()
+    runs = runs[runs.config.isin(list(s.configs.values()))]
+    v = stats.pooled_ratio(runs[f"trace_{unit}"], runs[f"g2_{unit}"], reps=study.opts.reps,
+                           seed=study.opts.seed)
+    if not math.isnan(v.point):
+      both.append(f"{'prompt-level x G' if unit == 'prompts' else 'response-level'} "
+                  f"{_bs(v)} over {v.n} runs")
+  if len(both) == 2:
+    sec.text.append("B_simple at the crossing, both estimates: " + "; ".join(both) + " (the "
+                    "response-level one treats the G responses of a prompt as independent and "
+                    "reads low by about (G−1) tr Σ_prompt / B on |G|², rlscale/rl/noise_scale.py)"
+                    ".")
   sec.tables.append((f"B_crit per target ({s.kind}, {s.name})", res.drop(columns=["_ratio"])))
   at = min(fits_, key=lambda f: abs(f["target"] - study.target))
   sec.verdict.append(_verdict(study, s, at, bs_iv, what, rows[fits_.index(at)]["_ratio"]))
@@ -93,21 +110,25 @@ def critical_batch(study: st.Study, table: pd.DataFrame) -> Section:
   return sec
 
 
-def _ratio(f: dict, bs: np.ndarray, seed: int = 0) -> stats.Interval:
-  """B_crit / B_simple with an interval: the fit's bootstrap draws over resampled medians of
-  the runs' B_simple."""
+def _ratio(f: dict, bs: tuple, seed: int = 0) -> stats.Interval:
+  """B_crit / B_simple with an interval: the fit's bootstrap draws over draws of the pooled
+  B_simple with its runs resampled."""
   draws = f.get("b_crit_draws")
-  if not f.get("identified") or draws is None or bs.size < 2:
+  g2, tr = bs
+  if not f.get("identified") or draws is None or g2.size < 2:
     return stats.Interval(math.nan, n=0)
   rng = np.random.default_rng(seed)
-  med = np.median(bs[rng.integers(0, bs.size, (draws.size, bs.size))], axis=1)
-  q = draws / med
+  idx = rng.integers(0, g2.size, (draws.size, g2.size))
+  sg, st_ = g2[idx].sum(1), tr[idx].sum(1)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    q = np.where(sg > 0, draws / (st_ / sg), 0.0)  # B_simple unbounded: the ratio is 0
   lo, hi = np.quantile(q, [0.025, 0.975])
-  return stats.Interval(f["b_crit"] / float(np.median(bs)), float(lo), float(hi),
-                        min(bs.size, min(f["n"])), math.nan, "bootstrap")
+  pooled = tr.sum() / g2.sum() if g2.sum() > 0 else math.inf
+  return stats.Interval(f["b_crit"] / pooled, float(lo), float(hi),
+                        min(g2.size, min(f["n"])), math.nan, "bootstrap")
 
 
-def _row(f: dict, bs: np.ndarray) -> dict:
+def _row(f: dict, bs: tuple) -> dict:
   q = _ratio(f, bs)
   n = "/".join(map(str, f.get("n", []))) if f.get("n") else "—"
   if f.get("identified"):
@@ -128,8 +149,8 @@ def _row(f: dict, bs: np.ndarray) -> dict:
 
 def _verdict(study, s, f, bs_iv, what, q) -> str:
   head = f"Critical training batch ({s.kind}, {s.name}) at target {num(f['target'])}: "
-  bs_text = (f"measured B_simple at the crossing {iv(bs_iv)} responses ({what})"
-             if not math.isnan(bs_iv.point) else "B_simple not measured")
+  bs_text = (f"measured B_simple at the crossing {_bs(bs_iv)} responses ({what}, pooled over "
+             f"{bs_iv.n} runs)" if not math.isnan(bs_iv.point) else "B_simple not measured")
   if f.get("identified"):
     tol = fits.tolerance_batch(f["b_crit"], study.opts.tolerance)
     return (head + f"**B_crit = {num(f['b_crit'])} [{num(f['b_crit_lo'])}, "
@@ -141,6 +162,13 @@ def _verdict(study, s, f, bs_iv, what, q) -> str:
   return (head + "**not identified** (" + "; ".join(f.get("reasons", [])) + ")"
           + (f": B_crit {'>' if bound[0] == 'lower' else '<'} {num(bound[1])} responses"
              if bound else "") + f"; {bs_text}.")
+
+
+def _bs(v: stats.Interval) -> str:
+  """A pooled B_simple: its bootstrap interval (unbounded reads ∞: noise swamps the signal)."""
+  if math.isinf(v.point):
+    return "unbounded (the pooled |G|² estimate is not positive)"
+  return f"{num(v.point)} [{num(v.lo)}, {num(v.hi)}]" if v.has_bounds else num(v.point)
 
 
 def _e_figure(study, s, fits_) -> Figure:

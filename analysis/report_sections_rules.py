@@ -34,11 +34,18 @@ def scan_table(study: st.Study, kind: str, g: int) -> pd.DataFrame:
                      roles="+".join(sorted(set(r.role))), scanned=bool((r.role == "tuning").any()),
                      rtt_iv=stats.median_interval(e),
                      final_iv=stats.median_interval(r.final.to_numpy(float)),
-                     rtt=float(np.median(e)), final_med=float(np.median(r.final)), values=e))
+                     rtt=float(np.median(e)), worst=float(np.max(e)),
+                     final_med=float(np.median(r.final)),
+                     max_drop=float(r.drop_after_target.max()), values=e))
   if not rows:
     return pd.DataFrame()
   scan = pd.DataFrame(rows)
   return scan.assign(eligible=eligible(scan, _band(study)))
+
+
+def _chosen(study: st.Study, kind: str) -> dict[int, float]:
+  from series import chosen_lr
+  return chosen_lr(study, kind)
 
 
 def _band(study: st.Study) -> float:
@@ -48,23 +55,30 @@ def _band(study: st.Study) -> float:
 
 
 def eligible(scan: pd.DataFrame, band: float) -> pd.Series:
-  """The rule the study runner chooses by (rlscale/sweep/study.py): a rate is eligible when its
-  median final value is within `band` of the best rate's at that B (one that gets there fast
-  and then degrades is not the best)."""
+  """The rule the study runner chooses by (rlscale/sweep/study.py): a rate is stable when its
+  median final value is within `band` of the best rate's at that B and none of its seeds fell
+  more than `band` below the target after reaching it."""
   best = scan.groupby("B").final_med.transform("max")
-  return scan.final_med >= best - band
+  return (scan.final_med >= best - band) & ~(scan.max_drop > band)
 
 
-def lr_optima(scan: pd.DataFrame) -> pd.DataFrame:
-  """Per B: the best eligible lr (fits.lr_optimum, refined between grid points), at its scan's
-  edge when it is the smallest or largest rate a tuning stage tried (or, without one, any run)."""
+def lr_optima(scan: pd.DataFrame, chosen: dict[int, float] | None = None) -> pd.DataFrame:
+  """Per B: the chosen lr (the study's, else by the runner's rule: the stable rate whose slowest
+  seed reaches the target first), whether it is at the edge of the rates its scan tried, and
+  lr*, the optimum of the median responses among the stable rates refined between grid points
+  (fits.lr_optimum), which the exponent of lr*(B) is fitted to."""
   out = []
   for b, g in scan.groupby("B"):
     f = fits.lr_optimum(g.lr, g.rtt.where(g.eligible, np.inf))
+    ok = g[g.eligible & np.isfinite(g.worst)]
+    pick = (chosen or {}).get(int(g.P.iloc[0]))
+    if pick is None:
+      pick = float(ok.sort_values(["worst", "rtt"]).lr.iloc[0]) if len(ok) else float("nan")
     grid = g[g.scanned] if g.scanned.any() else g
-    f["at_edge"] = bool(f["reached"] and (len(grid) < 2 or f["grid_lr"] in (grid.lr.min(),
-                                                                             grid.lr.max())))
-    out.append(dict(B=int(b), tried=len(grid), **f))
+    edge = bool(np.isfinite(pick) and (len(grid) < 2 or any(
+        abs(pick / v - 1) < 1e-3 for v in (grid.lr.min(), grid.lr.max()))))
+    out.append(dict(B=int(b), tried=len(grid), chosen=pick, at_edge=edge,
+                    lr_star=f["lr"], reached=f["reached"]))
   return pd.DataFrame(out)
 
 
@@ -101,21 +115,26 @@ def learning_rate(study: st.Study, table: pd.DataFrame) -> Section:
     scan = scan_table(study, kind, g)
     if scan.empty or scan.groupby("B").lr.nunique().max() < 2:
       continue
-    opt = lr_optima(scan)
-    sec.tables.append((f"{kind}: responses to target per B and lr (median [interval] (seeds, "
-                       "coverage) over the scan's seeds; eligible: the "
-                       f"median final within {_band(study):g} of the best rate's, the rule the "
-                       "study chose by)", pd.DataFrame({
+    opt = lr_optima(scan, _chosen(study, kind))
+    sec.tables.append((f"{kind}: responses to target per B and lr over the scan's seeds "
+                       f"(median [interval] (seeds, coverage), and the slowest seed); stable: the "
+                       f"median final within {_band(study):g} of the best rate's and no seed "
+                       "falling more than that below the target after reaching it",
+                       pd.DataFrame({
                            "B": scan.B, "P": scan.P, "lr": scan.lr, "stages": scan.roles,
-                           "eligible": ["yes" if e else "no (final below the band)"
-                                        for e in scan.eligible],
                            "responses to target": [iv(r.rtt_iv, final=r.final_iv.point)
                                                    for r in scan.itertuples()],
-                           "final": [iv(r.final_iv) for r in scan.itertuples()]})))
+                           "slowest seed": scan.worst,
+                           "final": [iv(r.final_iv) for r in scan.itertuples()],
+                           "largest drop": scan.max_drop,
+                           "stable": ["yes" if e else "no" for e in scan.eligible]})))
     edges = opt[opt.at_edge & (opt.tried > 1)]
-    sec.tables.append((f"{kind}: the best lr per B (grid value, refined by a parabola in log "
-                       "lr; tried: the rates its scan ran; at edge: the smallest or largest of "
-                       "them)", opt.assign(lr=opt.lr.map(num), grid_lr=opt.grid_lr.map(num))))
+    sec.tables.append((f"{kind}: the lr per B (chosen: the stable rate whose slowest seed "
+                       "reaches the target first; at edge: the smallest or largest rate its "
+                       "scan tried; lr*: the optimum of the median refined between grid points, "
+                       "to which lr*(B) is fitted)", pd.DataFrame({
+                           "B": opt.B, "rates tried": opt.tried, "chosen": opt.chosen.map(num),
+                           "at edge": opt.at_edge, "lr*": opt.lr_star.map(num)})))
     ex = lr_exponent(study, scan)
     sec.facts.setdefault("exponent", {})[kind] = ex
     edge = (f"; the best lr is at its scan's edge at B = {', '.join(map(str, edges.B))} (the "
@@ -173,14 +192,16 @@ def _lr_figure(kind: str, scan: pd.DataFrame, opt: pd.DataFrame) -> Figure:
   parts = [pd.DataFrame({"panel": f"{kind}: responses to target per lr", "series": f"B={b}",
                          "x": g.lr, "y": g.rtt.replace(np.inf, np.nan), "style": "line"})
            for b, g in scan.groupby("B")]
-  ok = opt[np.isfinite(opt.lr)]
+  ok = opt[np.isfinite(opt.lr_star)]
   panel = f"{kind}: best lr per B"
-  parts.append(pd.DataFrame({"panel": panel, "series": "best lr", "x": ok.B, "y": ok.lr,
-                             "style": "line"}))
+  parts.append(pd.DataFrame({"panel": panel, "series": "lr* (median optimum)", "x": ok.B,
+                             "y": ok.lr_star, "style": "line"}))
+  parts.append(pd.DataFrame({"panel": panel, "series": "chosen (slowest seed)", "x": opt.B,
+                             "y": opt.chosen, "style": "points"}))
   if len(ok):
     b = np.geomspace(ok.B.min(), ok.B.max(), 20)
     b_mid = float(np.exp(np.mean(np.log(ok.B))))
-    lr_mid = float(np.exp(np.mean(np.log(ok.lr))))
+    lr_mid = float(np.exp(np.mean(np.log(ok.lr_star))))
     for name, a in RULES.items():
       parts.append(pd.DataFrame({"panel": panel, "series": f"{name} rule", "x": b,
                                  "y": lr_mid * (b / b_mid) ** a, "style": "fit"}))

@@ -48,10 +48,11 @@ def grad_points(study: st.Study) -> pd.DataFrame:
       run = study.records[name]
       unit = "prompts" if any(f"{model}/noise_prompts/grad_sq_est" in r for r in run.rows) \
           else "responses"
+      g2_est, tr_est, per = st.noise_in(run, lo, hi, unit, model)
       out.append(dict(run=name, kind=kind, model=model, lo=lo, hi=hi,
                       B=run.plan.models[model].minibatch, grad_sq=float(np.mean(np.square(g))),
-                      grad_norm=float(np.mean(g)), unit=unit,
-                      b_simple=st.b_simple_in(run, lo, hi, unit, model)))
+                      grad_norm=float(np.mean(g)), unit=unit, g2_est=g2_est,
+                      trace_est=tr_est * per))
   return pd.DataFrame(out)
 
 
@@ -68,11 +69,10 @@ def actor_critic(study: st.Study, table: pd.DataFrame) -> Section:
       continue
     f = fits.fit_signal_noise(g.B, g.grad_sq)
     p = fits.fit_power(g.B, g.grad_norm)
-    bs = g.b_simple.to_numpy(float)
-    bs = bs[np.isfinite(bs) & (bs > 0)]
+    measured = stats.pooled_ratio(g.trace_est, g.g2_est, seed=study.opts.seed)
     rows.append(dict(kind=kind, model=model, runs=len(g), batches=g.B.nunique(),
                      lo=g.lo.iloc[0], hi=g.hi.iloc[0], fit=f, power=p,
-                     measured=stats.median_interval(bs) if bs.size else None,
+                     measured=measured if not math.isnan(measured.point) else None,
                      unit=g.unit.mode().iloc[0]))
     panel = f"{kind} {model}"
     inv = np.linspace(0, 1 / g.B.min(), 20)
@@ -96,7 +96,8 @@ def actor_critic(study: st.Study, table: pd.DataFrame) -> Section:
                   f"(the middle third of the span where every model of every run trained: "
                   f"{windows}); the squared norms regressed on 1/B: E|g_B|² = |G|² + tr Σ/B, "
                   "B_simple = tr Σ/|G|². Measured B_simple: the runs' own estimates in the "
-                  "window (prompt-level x G where measured), median over runs.")
+                  "window (prompt-level x G where measured), pooled as a ratio of means with a "
+                  "bootstrap over runs.")
   sec.facts["rows"] = rows
   sec.tables.append(("Signal and noise per model (95% intervals from the regression; the "
                      "exponent's from the log-log fit)", _show(rows)))
@@ -107,7 +108,8 @@ def actor_critic(study: st.Study, table: pd.DataFrame) -> Section:
     expo = (f"grad norm ∝ B^{num(p['exponent'])} [{num(p['exponent_lo'])}, "
             f"{num(p['exponent_hi'])}] over {r['runs']} runs at {r['batches']} batches "
             "(−0.5 would be pure noise, 0 a batch-independent norm)")
-    meas = (f"; measured B_simple {iv(r['measured'])} responses" if r["measured"] else "")
+    meas = (f"; measured B_simple {_pooled(r['measured'])} responses ({r['unit']}-level, "
+            f"pooled over {r['measured'].n} runs)" if r["measured"] else "")
     sec.verdict.append(f"{r['kind']} {r['model']}: {expo}; {fit}{meas}.")
   sec.figures += [
       Figure("6_grad_sq_vs_inverse_batch", "Squared gradient norm vs 1/B, one point per run, "
@@ -136,8 +138,14 @@ def _show(rows: list[dict]) -> pd.DataFrame:
       "R²": r["fit"]["r2"],
       "grad norm exponent": f"{num(r['power']['exponent'])} [{num(r['power']['exponent_lo'])},"
                             f" {num(r['power']['exponent_hi'])}]",
-      "measured B_simple": iv(r["measured"]) if r["measured"] else "—",
+      "measured B_simple": _pooled(r["measured"]) if r["measured"] else "—",
       "unit": r["unit"]} for r in rows])
+
+
+def _pooled(v: stats.Interval) -> str:
+  if math.isinf(v.point):
+    return "unbounded (the pooled |G|² estimate is not positive)"
+  return f"{num(v.point)} [{num(v.lo)}, {num(v.hi)}]" if v.has_bounds else num(v.point)
 
 
 def _median_after(rows: list[dict], keys: tuple[str, ...]) -> float:

@@ -34,7 +34,7 @@ class Series:
     return t.loc[[self.configs[b] for b in sorted(self.configs)]].reset_index()
 
 
-def _chosen_lr(study: st.Study, kind: str) -> dict[int, float]:
+def chosen_lr(study: st.Study, kind: str) -> dict[int, float]:
   """P -> the effective lr of the value a study stage of `kind` chose for it (study.json; its
   runs' scaling rule applied), {} when none."""
   from rlscale import optim
@@ -82,7 +82,7 @@ def _close(a: float, b: float) -> bool:
 
 
 def _best(study: st.Study, kind: str, d: pd.DataFrame, b0: float) -> list[Series]:
-  chosen = _chosen_lr(study, kind)
+  chosen = chosen_lr(study, kind)
   if not chosen and not (d.groupby("B").lr.nunique() > 1).any():
     return []
   configs = {}

@@ -159,3 +159,26 @@ def overlaps(a, b) -> bool:
   if any(math.isnan(v) for v in (a_lo, a_hi, b_lo, b_hi)):
     return True
   return a_lo <= b_hi and b_lo <= a_hi
+
+
+def pooled_ratio(num, den, scale: float = 1.0, reps: int = 2000, level: float = LEVEL,
+                 seed: int = 0) -> Interval:
+  """sum(num) / sum(den) x scale over runs (a ratio of means, as B_simple = tr(Sigma) / |G|^2
+  pools noisy estimates), with a percentile bootstrap over runs; inf when the pooled
+  denominator is not positive. Its coverage is measured by simulation in tests/test_stats.py
+  (not per call): the Interval's coverage is nan and its method 'bootstrap'."""
+  n_, d_ = (np.asarray(v, float).ravel() for v in (num, den))
+  keep = ~(np.isnan(n_) | np.isnan(d_))
+  n_, d_ = n_[keep], d_[keep]
+  if n_.size == 0:
+    return Interval(math.nan, n=0)
+  def ratio(a, b):
+    with np.errstate(divide="ignore", invalid="ignore"):
+      return np.where(b > 0, a / b * scale, np.inf)
+  point = float(ratio(n_.sum(), d_.sum()))
+  if n_.size < 2:
+    return Interval(point, n=1)
+  idx = np.random.default_rng(seed).integers(0, n_.size, (reps, n_.size))
+  lo, hi = _percentiles(ratio(n_[idx].sum(1), d_[idx].sum(1)), level)
+  return Interval(point, lo, hi, int(n_.size), math.nan,
+                  "range" if n_.size < MIN_SEEDS else "bootstrap")

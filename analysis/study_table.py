@@ -13,10 +13,12 @@ What the rows measure (DESIGN.md, "Analysis: what a study reports"):
   run evaluates;
 - the run's learning rate is the actor's effective one (its base lr through its scaling
   rule), so a configuration is (kind, P, G, mini-batches, lr, ...) however its lr was set;
-- B_simple at the crossing: the noise-scale estimates of the steps around the crossing
+- B_simple at the crossing: the raw noise-scale estimates of the steps around the crossing
   (responses seen within [1/2, 3/2] of it), prompt-level (B in prompts, x G to responses) when
   the run measured it: the response-level estimate is biased low when the G responses of a
-  group share a prompt (rlscale/rl/noise_scale.py).
+  group share a prompt (rlscale/rl/noise_scale.py). Each run keeps its mean |G|^2 and tr(Sigma)
+  estimates; a report pools them over runs as a ratio of means (noise_scale's EMAs do so over
+  steps), since a single run's |G|^2 estimate is often not positive.
 
 A study directory's study.json says which stages chose a value (their runs tune; the verdict
 uses the other stages' seeds), what they chose, and the study's target.
@@ -219,15 +221,20 @@ def steady_throughput(run: Run) -> float:
 
 def b_simple_at(run: Run, at: float, unit: str, model: str = "actor") -> float:
   """B_simple in responses at the crossing `at`: b_simple_in over [at/2, 3 at/2]."""
+  return ratio_of_means(*noise_at(run, at, unit, model))
+
+
+def noise_at(run: Run, at: float, unit: str, model: str = "actor"):
+  """noise_in over [at/2, 3 at/2] of the crossing `at` ((nan, nan, 1) without a crossing)."""
   if not math.isfinite(at) or at <= 0:
-    return math.nan
-  return b_simple_in(run, at / 2, 1.5 * at, unit, model)
+    return math.nan, math.nan, 1
+  return noise_in(run, at / 2, 1.5 * at, unit, model)
 
 
-def b_simple_in(run: Run, lo: float, hi: float, unit: str, model: str = "actor") -> float:
-  """B_simple in responses from the raw estimates of the steps whose responses_seen lies in
-  [lo, hi]: mean tr(Sigma) / mean |G|^2 (a ratio of means, as McCandlish's EMAs), x G for the
-  prompt-level estimate. inf when the mean |G|^2 is not positive, nan without estimates."""
+def noise_in(run: Run, lo: float, hi: float, unit: str, model: str = "actor"):
+  """(mean |G|^2 estimate, mean tr(Sigma) estimate, G or 1) over the steps whose responses_seen
+  lies in [lo, hi]: the raw two-batch estimates of `unit` (rlscale/rl/noise_scale.py), and the
+  factor that turns B in prompts into responses; nan means without estimates there."""
   key = f"{model}/noise_{unit}"
   g2, tr = [], []
   for r in run.rows:
@@ -237,13 +244,23 @@ def b_simple_in(run: Run, lo: float, hi: float, unit: str, model: str = "actor")
         and isinstance(r.get(f"{key}/trace_est"), (int, float))):
       g2.append(r[f"{key}/grad_sq_est"])
       tr.append(r[f"{key}/trace_est"])
-  if not g2:
-    return math.nan
-  mean_g2, mean_tr = float(np.mean(g2)), float(np.mean(tr))
-  if mean_g2 <= 0:
-    return math.inf
   per = run.plan.group_size if unit == "prompts" else 1
-  return mean_tr / mean_g2 * per
+  if not g2:
+    return math.nan, math.nan, per
+  return float(np.mean(g2)), float(np.mean(tr)), per
+
+
+def ratio_of_means(g2: float, tr: float, per: float = 1) -> float:
+  """B_simple = tr(Sigma) / |G|^2 (x G for prompts): inf when |G|^2 is not positive (the noise
+  swamps the signal), nan without estimates."""
+  if math.isnan(g2):
+    return math.nan
+  return tr / g2 * per if g2 > 0 else math.inf
+
+
+def b_simple_in(run: Run, lo: float, hi: float, unit: str, model: str = "actor") -> float:
+  """B_simple in responses from the raw estimates of the steps in [lo, hi] (ratio_of_means)."""
+  return ratio_of_means(*noise_in(run, lo, hi, unit, model))
 
 
 def lr_of(run: Run) -> float:
@@ -423,7 +440,9 @@ def _add_outcomes(study: Study):
   runs, m, t = study.runs, study.metric, study.target
   cols = {k: [] for k in ("n_eval", "base", "final", "peak", "responses_to_target",
                           "bracket", "steps_to_target", "throughput", "time_to_target",
-                          "b_simple_prompts", "b_simple_responses", "drop_after_target")}
+                          "b_simple_prompts", "b_simple_responses", "g2_prompts",
+                          "trace_prompts", "g2_responses", "trace_responses",
+                          "drop_after_target")}
   for row in runs.itertuples():
     run = study.records.get(row.run)
     planned = run is not None and pd.notna(getattr(row, "lr", np.nan))
@@ -443,9 +462,11 @@ def _add_outcomes(study: Study):
                                    else (math.inf if ok else math.nan))
     cols["throughput"].append(thr)
     cols["time_to_target"].append(rtt / thr if ok and thr > 0 else math.nan)
-    cols["b_simple_prompts"].append(b_simple_at(run, cross_at, "prompts") if ok else math.nan)
-    cols["b_simple_responses"].append(b_simple_at(run, cross_at, "responses") if ok
-                                      else math.nan)
+    for unit in ("prompts", "responses"):
+      g2, tr, per = noise_at(run, cross_at, unit) if ok else (math.nan, math.nan, 1)
+      cols[f"b_simple_{unit}"].append(ratio_of_means(g2, tr, per))
+      cols[f"g2_{unit}"].append(g2)
+      cols[f"trace_{unit}"].append(tr * per if not math.isnan(tr) else math.nan)
     # How far the curve fell below the target after an evaluation first reached it (a
     # collapse; a run that collapses for good has no monotone crossing, but still this).
     hit = np.flatnonzero(y >= t) if ok else np.zeros(0, int)

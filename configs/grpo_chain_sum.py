@@ -6,11 +6,11 @@
 
 Responses are worked scratchpads (`7+5=12;12+9=21;21+3=24`, ~19-21 tokens) graded on their
 final answer; the base (configs/sft.py:chain_sum) drops most carries, and GRPO must learn
-to take them. Measured on 2 CPU cores (base build 4 min 42 s, cached): held-out greedy
-accuracy 14.2% -> 35.4% at 2,560 responses (10 steps, 23 s) -> 40% target near 4-5k
-responses (the middle of this 40-step run) -> ~45% plateau from ~5k responses on (the base's
-pass@8 is 44.8%: what sampling never finds, GRPO does not learn). Batch units follow
-DESIGN.md as in configs/grpo.py.
+to take them. Measured on 2 CPU cores with the 2,000-problem held-out set (base build 2 min
+15 s alone, cached): the base answers 11.6% greedily and 20% sampled; at P=32, G=8, lr 2e-4
+GRPO takes greedy accuracy to 0.45 in ~1.7k responses and to ~0.60, its plateau, by ~3k (12
+steps), while the sampled accuracy (the expected reward) climbs more slowly, to ~0.55 over
+the study's 2,560 responses per run. Batch units follow DESIGN.md as in configs/grpo.py.
 """
 
 import math

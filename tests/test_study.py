@@ -20,15 +20,21 @@ def study_cli(tmp_path, *flags, spec=STUDY):
   return subprocess.run(argv, capture_output=True, text=True, timeout=300)
 
 
-def test_choose_takes_the_fewest_responses_to_target_over_seeds():
+def test_choose_takes_the_rate_whose_slowest_seed_gets_there_first():
   runs = [{"overrides": {"lr": 1.0}, "responses_to_target": 300, "final": 0.7},
           {"overrides": {"lr": 1.0}, "responses_to_target": 500, "final": 0.7},
           {"overrides": {"lr": 2.0}, "responses_to_target": 200, "final": 0.6},
           {"overrides": {"lr": 2.0}, "responses_to_target": None, "final": 0.4},
           {"overrides": {"lr": 2.0}, "responses_to_target": 100, "final": 0.8}]
   value, table = study.choose(runs, "lr")
-  assert value == 2.0  # medians: 400 against 200 (the unreached seed counts as infinite)
+  # lr=2 has the lower median (200 vs 400) but a seed that never got there: lr=1 is chosen.
+  assert value == 1.0
   assert {t["lr"]: t["median_responses_to_target"] for t in table} == {1.0: 400, 2.0: 200}
+  assert {t["lr"]: t["worst_responses_to_target"] for t in table} == {1.0: 500, 2.0: None}
+  # A seed that fell more than the band below the target after reaching it: not eligible.
+  runs = [{"overrides": {"lr": 1.0}, "responses_to_target": 300, "final": 0.7, "drop": 0.0},
+          {"overrides": {"lr": 2.0}, "responses_to_target": 100, "final": 0.7, "drop": 0.2}]
+  assert study.choose(runs, "lr", band=0.05)[0] == 1.0
 
 
 def test_choose_breaks_a_tie_of_unreached_values_by_the_final_metric():
@@ -43,11 +49,11 @@ def test_the_chosen_value_reaches_the_next_stage(tmp_path):
   assert r.returncode == 0, r.stdout + r.stderr
   with open(tmp_path / "st" / "study.json") as f:
     record = json.load(f)
-  assert record["chosen"]["lr"]["value"] == 2.0
-  assert record["stages"]["after"]["config"].endswith("fake_sweep_config.py:lr=2.0")
+  assert record["chosen"]["lr"]["value"] == 1.0  # lr=2 has a seed that never got there
+  assert record["stages"]["after"]["config"].endswith("fake_sweep_config.py:lr=1.0")
   for seed in (0, 1):
     with open(tmp_path / "st" / "after" / f"seed={seed}" / "summary.json") as f:
-      assert json.load(f)["config"].endswith(":lr=2.0")
+      assert json.load(f)["config"].endswith(":lr=1.0")
   runs = [d for d in os.listdir(tmp_path / "st" / "lr") if d.startswith("lr=")]
   assert len(runs) == 6
   again = study_cli(tmp_path, "--noreport")  # nothing left to run: the same choice
@@ -55,7 +61,7 @@ def test_the_chosen_value_reaches_the_next_stage(tmp_path):
   for d in runs:  # no run started twice
     assert open(tmp_path / "st" / "lr" / d / "starts.txt").read().count("start") == 1
   with open(tmp_path / "st" / "study.json") as f:
-    assert json.load(f)["chosen"]["lr"]["value"] == 2.0
+    assert json.load(f)["chosen"]["lr"]["value"] == 1.0
 
 
 def test_dry_run_lists_stages_and_runs_nothing(tmp_path):

@@ -55,7 +55,7 @@ def test_names_are_the_varying_overrides():
 
 
 @pytest.mark.parametrize("sweep, message", [
-    ("nope", "declares no such sweep; it declares after_lr, bad_value, long, lr_scan, mixed"),
+    ("nope", "declares no such sweep; it declares after_edge, after_lr, bad_value, long, lr_edge"),
     ("unknown_field", "override 'rl.num_promts': rl has no field 'num_promts'"),
     ("bad_value", "override steps='many': steps cannot hold it"),
     ("same_dir", "have the same run directory 'p=4,seed=0'"),

@@ -13,11 +13,14 @@ or an override value "{key}" (the choice of the point's own group, e.g. its p) o
 "{key:p=2}" (the choice of the group p=2, e.g. the reference batch's). Two points that resolve
 to the same overrides are run once.
 
-The choice is the value whose runs reach the study's target in the fewest responses (median
-over seeds of the crossing of the monotone fit of each run's evaluations, rlscale/crossing.py;
-a seed that never reaches it counts as infinite), among the values whose median final value is
-within `band` of the best one's (a rate that gets there fast and then degrades is not chosen);
-ties go to the higher final value. With `extend`, a choice at the edge of the values its group
+The choice is the value whose *slowest* seed reaches the study's target first (the crossing of
+the monotone fit of each run's evaluations, rlscale/crossing.py; a seed that never reaches it
+counts as infinite), then the lower median, then the higher final value, among the stable
+values: those whose median final value is within `band` of the best one's and none of whose
+seeds fell more than `band` below the target after reaching it. Chosen by its median, a rate at
+the edge of stability wins on three seeds and collapses on fresh ones (the chain-sum study:
+P = 8 at 4e-4, 932 responses on the scan's seeds, 2 of 5 fresh seeds never reached the target);
+chosen by its slowest seed, the rate that reaches the target reliably wins. With `extend`, a choice at the edge of the values its group
 tried is not final: the stage runs the next value beyond that edge (x or / `extend`, the same
 seeds) and chooses again, up to `max_extend` times per group, so the chosen value is inside its
 scan.
@@ -115,8 +118,9 @@ def group_of(overrides: dict[str, Any], per: tuple[str, ...] | list[str]) -> str
 def choose(runs: list[dict[str, Any]], key: str, band: float = math.inf
            ) -> tuple[Any, list[dict[str, Any]]]:
   """(best value of `key`, the table it was chosen from) over `runs`: dicts with the point's
-  overrides, `responses_to_target` (inf or None: not reached) and `final` (the metric at the
-  end). The rule: module docstring."""
+  overrides, `responses_to_target` (inf or None: not reached), `final` (the metric at the end)
+  and optionally `drop` (how far the run fell below the target after reaching it). The rule:
+  module docstring."""
   by_value: dict[str, list[dict]] = {}
   for r in runs:
     by_value.setdefault(json.dumps(r["overrides"][key]), []).append(r)
@@ -125,22 +129,27 @@ def choose(runs: list[dict[str, Any]], key: str, band: float = math.inf
     rtt = [math.inf if r["responses_to_target"] is None else r["responses_to_target"]
            for r in group]
     finals = [r["final"] for r in group if r["final"] is not None]
+    drops = [r["drop"] for r in group if r.get("drop") is not None]
     table.append({key: json.loads(text), "seeds": len(group),
                   "median_responses_to_target": statistics.median(rtt),
-                  "median_final": statistics.median(finals) if finals else None})
+                  "worst_responses_to_target": max(rtt),
+                  "median_final": statistics.median(finals) if finals else None,
+                  "max_drop": max(drops) if drops else None})
   if not table:
     raise ConfigError(f"no finished run to choose {key!r} from")
   finals = [t["median_final"] for t in table if t["median_final"] is not None]
   best_final = max(finals) if finals else -math.inf
   for t in table:
-    t["eligible"] = t["median_final"] is None or t["median_final"] >= best_final - band
-  best = min((t for t in table if t["eligible"]),
-             key=lambda t: (t["median_responses_to_target"],
+    t["eligible"] = ((t["median_final"] is None or t["median_final"] >= best_final - band)
+                     and (t["max_drop"] is None or t["max_drop"] <= band))
+  best = min((t for t in table if t["eligible"]) or table,
+             key=lambda t: (t["worst_responses_to_target"], t["median_responses_to_target"],
                             -(t["median_final"] if t["median_final"] is not None
                               else -math.inf)))
   for t in table:
-    if math.isinf(t["median_responses_to_target"]):
-      t["median_responses_to_target"] = None  # JSON has no infinity
+    for k in ("median_responses_to_target", "worst_responses_to_target"):
+      if math.isinf(t[k]):
+        t[k] = None  # JSON has no infinity
   table.sort(key=lambda t: t[key])
   return best[key], table
 
@@ -177,9 +186,11 @@ def stage_results(sweep_dir: str, metric: str | None = None,
     rows = _rows(e.run_dir)
     evals = [r[name] for r in rows if isinstance(r.get(name), (int, float))]
     rtt = crossing.run_crossing(rows, name, value) if name and value is not None else math.inf
+    hit = next((i for i, v in enumerate(evals) if value is not None and v >= value), None)
     out.append({"name": e.name, "overrides": e.overrides, "metric": name,
                 "responses_to_target": None if math.isinf(rtt) else rtt,
-                "base": evals[0] if evals else None, "final": evals[-1] if evals else None})
+                "base": evals[0] if evals else None, "final": evals[-1] if evals else None,
+                "drop": max(0.0, value - min(evals[hit:])) if hit is not None else None})
   return out
 
 

@@ -3,8 +3,8 @@
     python launch/study.py --study=configs/studies/cpu.py --workdir=runs/study [--parallel=2]
 
 Each stage is a sweep in `<workdir>/<stage>`; `<workdir>/study.json` records the stages' wall
-times and what each choosing stage chose; `<workdir>/report/` is analysis/report.py's output
-over all of them. Run the same command again to continue where it stopped. Exit status as for
+times, the target and what each choosing stage chose; `<workdir>/report/` (or --report_dir)
+is analysis/report.py's output over all of them. Run the same command again to continue where it stopped. Exit status as for
 launch/sweep.py: 0 done, 1 some point failed, 75 stopped, 2 bad input.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -34,8 +35,11 @@ def define_flags() -> None:
                                   "runs/study-<file name>); a sweep directory per stage"),
       parallel=flags.DEFINE_integer("parallel", 1, "points running at once, each on its own "
                                     "devices (CPU cores, GPUs)"),
-      report=flags.DEFINE_bool("report", True, "write <workdir>/report/ at the end "
+      report=flags.DEFINE_bool("report", True, "write the report at the end "
                                "(analysis/report.py)"),
+      report_dir=flags.DEFINE_string("report_dir", None, "where the report goes (default: "
+                                     "<workdir>/report), e.g. docs/study; study.json is "
+                                     "copied beside it"),
       dry_run=flags.DEFINE_bool("dry_run", False, "list the stages and their points; run "
                                 "nothing"),
       run_command=flags.DEFINE_string("run_command", None, "what runs one point, before its "
@@ -73,6 +77,7 @@ def dry_run(runner) -> str:
 
 def run(argv) -> int:
   del argv
+  from rlscale.sweep import study
   from rlscale.sweep.study import StudyRunner
   v = {k: holder.value for k, holder in _FLAGS.items()}
   if not v["study"]:
@@ -100,9 +105,11 @@ def run(argv) -> int:
                     workdir)
     return rc
   t1 = time.time()
-  report = subprocess.run([sys.executable, script, workdir])
-  logging.info("report: %s in %.1f s (exit %d)", os.path.join(workdir, "report"),
-               time.time() - t1, report.returncode)
+  out = v["report_dir"] or os.path.join(workdir, "report")
+  report = subprocess.run([sys.executable, script, workdir, "--out", out])
+  if v["report_dir"] and report.returncode == 0:
+    shutil.copy(os.path.join(workdir, study.FILE), os.path.join(out, study.FILE))
+  logging.info("report: %s in %.1f s (exit %d)", out, time.time() - t1, report.returncode)
   return rc or (1 if report.returncode else 0)
 
 
