@@ -46,6 +46,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 PROMPTS, GROUP, REF_PROMPTS, WARMUP_RESPONSES = (4, 8, 16), 4, 8, 512
 
 
+def _grid(p: int, ref: int, tiny: bool) -> list[float]:
+  """The GRPO study's rates around the sqrt rule (grpo_chain_sum.lr_grid); tiny: the middle
+  two."""
+  grid = grpo_chain_sum.lr_grid(p, ref)
+  return grid[1:3] if tiny else grid
+
+
 def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
   """lr_scan: the actor's learning rate at each P (4 rates around the sqrt rule from 1e-4 at
   P = 8, one seed; the study chooses per P and extends an edge); confirm: each P at its chosen
@@ -60,11 +67,14 @@ def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
                         "rl.num_minibatches": 1, "critic.num_minibatches": 1,
                         "train.eval_every_responses": 8 if tiny else 128,
                         **grpo_chain_sum.SAMPLED, "optim.lr_scaling": "none",
-                        "optim.reference_batch": ref * group})
+                        "optim.reference_batch": ref * group,
+                        # tiny sets 8-row micro-batches; its batches hold 4-16 rows
+                        **({"rl.microbatch": "auto", "critic.microbatch": "auto"} if tiny
+                           else {})})
   return {
       "lr_scan": sw.product(
-          sw.chain(*(sw.product([pt], {"optim.lr": grpo_chain_sum.lr_grid(pt["p"], ref)})
+          sw.chain(*(sw.product([pt], {"optim.lr": _grid(pt["p"], ref, tiny)})
                      for pt in each_p)), {"seed": [0]}, common_),
       "confirm": sw.product(each_p, {"optim.lr": ["{optim.lr}"]},
-                            {"seed": [1, 2] if tiny else [1, 2, 3]}, common_),
+                            {"seed": [1] if tiny else [1, 2, 3]}, common_),
   }

@@ -144,3 +144,24 @@ def test_the_shipped_cpu_study_declares_its_stages(tmp_path, monkeypatch):
   assert len(runner.points_of(runner.stages[2], str(tmp_path / "p"))) == 10
   assert points.points("configs/ppo_chain_sum.py", "lr_scan", str(tmp_path / "q"))[0].overrides[
       "critic.warmup_steps"] == 32  # 512 warm-up responses at P x G = 16
+
+
+@pytest.mark.slow
+def test_the_tiny_cpu_study_runs_end_to_end_into_its_report_dir(tmp_path):
+  """The shipped study at the tests' shape, real runs: every stage, the lr chosen per P, the
+  target set from the scan, the later stages reading the choices, the report written to
+  --report_dir with study.json beside it."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  r = subprocess.run([sys.executable, os.path.join(REPO, "launch", "study.py"),
+                      f"--study={REPO}/configs/studies/chain_sum_cpu.py:tiny", "--workdir=st",
+                      "--parallel=2", f"--report_dir={tmp_path / 'docs'}"],
+                     capture_output=True, text=True, timeout=1200, cwd=tmp_path, env=env)
+  assert r.returncode == 0, r.stderr[-3000:]
+  with open(tmp_path / "docs" / "study.json") as f:
+    record = json.load(f)
+  assert set(record["chosen"]["lr"]["values"]) == {"p=1", "p=2"}
+  assert set(record["chosen"]["optim.lr"]["values"]) == {"p=2", "p=4"}
+  assert record["target"]["metric"] == "eval/accuracy_sampled"
+  assert set(record["stages"]) == {"grpo_lr", "grpo", "pairs", "ppo_lr", "ppo"}
+  md = (tmp_path / "docs" / "report.md").read_text()
+  assert "## Verdict" in md and "## Runs not used" in md

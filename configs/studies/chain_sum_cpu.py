@@ -28,11 +28,12 @@ PPO = "configs/ppo_chain_sum.py"
 
 def stages(arg=None):
   tiny = ":tiny" if arg == "tiny" else ""
+  extend = 0.0 if tiny else 2 ** 0.5  # tiny models learn nothing: no edge to extend
   return [
-      Stage("grpo_lr", GRPO + tiny, "lr_scan", choose="lr", per=("p",), extend=2 ** 0.5,
+      Stage("grpo_lr", GRPO + tiny, "lr_scan", choose="lr", per=("p",), extend=extend,
             target_fraction=0.7),
       Stage("grpo", GRPO + tiny, "confirm"),
       Stage("pairs", GRPO + tiny, "pairs"),
-      Stage("ppo_lr", PPO + tiny, "lr_scan", choose="optim.lr", per=("p",), extend=2 ** 0.5),
+      Stage("ppo_lr", PPO + tiny, "lr_scan", choose="optim.lr", per=("p",), extend=extend),
       Stage("ppo", PPO + tiny, "confirm"),
   ]
