@@ -14,7 +14,7 @@ import figures
 import fits
 import stats
 import study_table as st
-from report_md import iv, num
+from report_md import num
 from report_sections import Figure, Section, study_series
 
 

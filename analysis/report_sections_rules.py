@@ -4,7 +4,6 @@ does a fixed rate cost?) and configurations of equal P x G."""
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 import pandas as pd

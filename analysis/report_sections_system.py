@@ -12,7 +12,7 @@ import figures
 import fits
 import stats
 import study_table as st
-from report_md import iv, num
+from report_md import num
 from report_sections import Figure, Section
 
 _MODELS = {"actor": "actor/grad_norm", "critic": "critic/grad_norm"}

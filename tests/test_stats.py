@@ -1,7 +1,6 @@
 """analysis/stats.py: medians, their intervals and ratio intervals, on hand-computed numbers and
 by simulated coverage at the seed counts a study uses (2, 3, 5)."""
 
-import math
 import os
 import sys
 
