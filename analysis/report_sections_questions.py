@@ -150,14 +150,32 @@ def _platforms(study: st.Study) -> set:
   return {str(r.summary.get("platform", "unknown")) for r in study.records.values()}
 
 
-def q_not_on_cpu(study: st.Study, claim: str, command: str) -> dict:
+def q_not_on_cpu(study: st.Study, claim: str, command: str, seen: str = "") -> dict:
+  """A claim about accelerators: on a CPU-only study, what the CPU shows (`seen`) and the GPU
+  command that tests the claim itself."""
   plats = _platforms(study)
   if plats <= {"cpu", "unknown"}:
     return dict(claim=claim, mark="not testable on a CPU",
-                why="decoding a small model on CPU cores is compute-bound and one machine has no "
-                    f"chips to add; on a GPU: `{command}`")
+                why=(seen + "; " if seen else "") + "the claim's mechanism (memory-bound decoding"
+                    " of large batches on an accelerator, chips to add) is not on this machine; "
+                    f"on a GPU: `{command}`")
   return dict(claim=claim, mark="measured on " + ", ".join(sorted(plats)),
               why="see the timing section")
+
+
+def _timing_seen(done: dict) -> str:
+  """What the timing section measured on the CPU, in one clause."""
+  sec = done.get("timing")
+  rows = (sec.facts.get("rows") or []) if sec else []
+  power = (sec.facts.get("gen_power") or {}) if sec else {}
+  parts = [f"{r['kind']} generation ∝ N^{r['gen_exponent']}, training ∝ tokens^"
+           f"{r.get('train_exponent', '—')}" for r in rows if "gen_exponent" in r]
+  if not parts:
+    return ""
+  sub = [k for k, p in power.items() if p.get("exponent_hi", np.inf) < 1]
+  return ("on this CPU (N = the study's 8-64 responses per step): " + "; ".join(parts)
+          + (f"; {', '.join(sub)} generation is sublinear here from the fixed per-call "
+             "overhead of small batches, not from memory-bound decoding" if sub else ""))
 
 
 def questions(study: st.Study, table: pd.DataFrame, done: dict | None = None) -> Section:
@@ -166,7 +184,8 @@ def questions(study: st.Study, table: pd.DataFrame, done: dict | None = None) ->
   marks = [q_range(study, done), q_fixed(study, done), q_pairs(study, done),
            q_actor_critic(study, done),
            q_not_on_cpu(study, "Generation time grows sublinearly with the batch (PPO 256 → "
-                        "1024 responses: 39 → 68 s); training time linearly", GPU_GENERATION),
+                        "1024 responses: 39 → 68 s); training time linearly", GPU_GENERATION,
+                        _timing_seen(done)),
            q_not_on_cpu(study, "With the adjusted lr, P = 512 and 1024 cut time to target to "
                         "0.74× and 0.71× of P = 128 (a throughput gain)", GPU_STUDY),
            q_not_on_cpu(study, "How time per step changes with the number of chips (all-reduce "
@@ -174,7 +193,7 @@ def questions(study: st.Study, table: pd.DataFrame, done: dict | None = None) ->
   sec.text.append("Each claim of the reference study (DESIGN.md) against this study: "
                   "*reproduced* when the interval agrees with it, *not reproduced* when the "
                   "interval rules it out, *not settled* when it straddles the line. The study's "
-                  "scale (a 0.8M-parameter model, batches of 8-128 responses) is far below the "
+                  "scale (a 0.8M-parameter model, batches of 8-64 responses) is far below the "
                   "claims' (a 30B MoE, 512-32k responses): agreement is in kind, not in size.")
   sec.facts["marks"] = marks
   for m in marks:

@@ -180,11 +180,18 @@ def _fixed_cost(study: st.Study, table: pd.DataFrame, sec: Section) -> None:
     sec.tables.append((f"{s.kind}: what the reference's lr costs at other batches (responses "
                        f"to target at {f.name} / at the best lr)",
                        d.assign(ratio=[iv(q, "×") for q in d.ratio])))
-    worst = max(rows, key=lambda r: r["ratio"].point)
-    sec.verdict.append(f"{s.kind}: keeping the reference's lr ({f.name}) costs up to "
-                       f"{iv(worst['ratio'], '×')} the responses of the best lr (at B = "
-                       f"{worst['B']}); per B: " + ", ".join(
-                           f"{r['B']}: {num(r['ratio'].point)}×" for r in rows) + ".")
+    finite = [r for r in rows if np.isfinite(r["ratio"].point)]
+    never = [r for r in rows if not np.isfinite(r["ratio"].point)]
+    text = f"{s.kind}: keeping the reference's lr ({f.name}) "
+    if finite:
+      worst = max(finite, key=lambda r: r["ratio"].point)
+      text += (f"costs up to {iv(worst['ratio'], '×')} the responses of the best lr (at B = "
+               f"{worst['B']})")
+    if never:
+      text += ("; " if finite else "") + "never reaches the target (median over seeds) at B = " \
+          + ", ".join(str(r["B"]) for r in never)
+    sec.verdict.append(text + "; per B: " + ", ".join(
+        f"{r['B']}: {num(r['ratio'].point)}×" for r in rows) + ".")
 
 
 def _lr_figure(kind: str, scan: pd.DataFrame, opt: pd.DataFrame) -> Figure:

@@ -210,6 +210,7 @@ def timing(study: st.Study, table: pd.DataFrame) -> Section:
       gen_parts.append(pd.DataFrame({"panel": "", "series": f"{panel} t0 + N/Θmax", "x": n,
                                      "y": gf["t0"] + n / gf["theta_max"], "style": "fit"}))
       sec.verdict.append(_gen_verdict(kind, platform, gf, gp))
+      sec.facts.setdefault("gen_power", {})[kind] = gp
     if "train" in f:
       tf, tp = f["train"], f["train_power"]
       row.update(train_s_per_token=tf["slope"], train_r2=tf["r2"],

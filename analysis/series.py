@@ -107,11 +107,13 @@ def _best(study: st.Study, kind: str, d: pd.DataFrame, b0: float) -> list[Series
 
 
 def _fixed(kind: str, d: pd.DataFrame, b0: float) -> list[Series]:
+  """The reference's lr run at two or more other batches (three batches in all: two chosen
+  rates that happen to be equal are no fixed-lr series)."""
   out = []
   at_b0 = d[d.B == b0]
   for lr in sorted(at_b0.lr.unique()):
     same = d[[_close(v, lr) for v in d.lr]]
-    if same.B.nunique() >= 2:
+    if same.B.nunique() >= 3:
       out.append(Series(kind, f"fixed lr {lr:.3g}",
                         {int(b): c.config.iloc[0] for b, c in same.groupby("B")},
                         same[same.B == b0].config.iloc[0], int(b0)))

@@ -164,3 +164,28 @@ def test_a_collapsing_reference_seed_moves_no_verdict_and_is_flagged(tmp_path):
   assert report_sections.largest_invariant(best) == (8, 32)
   checks = {name: ok for name, ok, _ in report_sections.design(study, table, done).facts["checks"]}
   assert checks["grpo: the reference B=16 does not collapse"] is False
+
+
+def test_a_fixed_lr_series_needs_three_batches():
+  """Two batches whose chosen rates happen to be equal are not a fixed-lr series; the
+  reference's rate run at two other batches is."""
+  import series
+  two = pd.DataFrame({"B": [16, 32], "lr": [1e-4, 1e-4], "config": ["a", "b"]})
+  assert series._fixed("grpo", two, 16) == []
+  three = pd.DataFrame({"B": [8, 16, 32], "lr": [1e-4, 1e-4, 1e-4], "config": ["a", "b", "c"]})
+  (s,) = series._fixed("grpo", three, 16)
+  assert s.name == "fixed lr 0.0001" and sorted(s.configs) == [8, 16, 32]
+
+
+def test_timing_seen_says_sublinear_only_when_the_interval_is_below_one():
+  import report_sections
+  import report_sections_questions as q
+  sec = report_sections.Section("timing")
+  sec.facts["rows"] = [dict(kind="grpo", gen_exponent="0.73 [0.6, 0.85]",
+                            train_exponent="1 [0.9, 1.1]")]
+  sec.facts["gen_power"] = {"grpo": {"exponent": 0.73, "exponent_hi": 0.85}}
+  text = q._timing_seen({"timing": sec})
+  assert "grpo generation ∝ N^0.73 [0.6, 0.85]" in text and "sublinear" in text
+  sec.facts["gen_power"] = {"grpo": {"exponent": 0.95, "exponent_hi": 1.1}}
+  assert "sublinear" not in q._timing_seen({"timing": sec})
+  assert q._timing_seen({}) == ""
