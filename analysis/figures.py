@@ -54,7 +54,9 @@ def lines(data: pd.DataFrame, xlabel, ylabel, logx: bool = False, logy: bool = F
   fig, axes = _panels(len(panels))
   for ax, panel in zip(axes, panels):
     d = data[data["panel"] == panel]
+    color = _colors(d)
     for (series, style), g in d.groupby(["series", "style"], sort=False):
+      kw = dict({"color": color[series]}, **_STYLE.get(style, {}))
       g = g.sort_values("x")
       shaded = "lo" in g and g["lo"].notna().any()
       if style == "band":
@@ -63,9 +65,9 @@ def lines(data: pd.DataFrame, xlabel, ylabel, logx: bool = False, logy: bool = F
       if style == "points" and shaded:
         err = np.abs(np.vstack([g.y - g.lo, g.hi - g.y]))
         ax.errorbar(g.x, g.y, yerr=np.where(np.isfinite(err), err, 0), fmt="o", ms=4,
-                    capsize=2, label=series)
+                    capsize=2, label=series, color=color[series])
         continue
-      (line,) = ax.plot(g.x, g.y, label=series, **_STYLE.get(style, {}))
+      (line,) = ax.plot(g.x, g.y, label=series, **kw)
       if shaded:
         ax.fill_between(g.x, g.lo, g.hi, alpha=0.2, color=line.get_color())
     if hband is not None:
@@ -88,6 +90,19 @@ def lines(data: pd.DataFrame, xlabel, ylabel, logx: bool = False, logy: bool = F
   return fig
 
 
+def _colors(d: pd.DataFrame) -> dict:
+  """A colour per series; a fitted or reference line ("B=8 fit", "grpo actor 1/√B") takes the
+  colour of the data series whose name begins it, so a fit and its points match."""
+  data = [s for s, st in zip(d["series"], d["style"]) if st not in ("fit", "dashed")]
+  cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  keys = {}
+  for s in dict.fromkeys(d["series"]):
+    owners = [n for n in data if s != n and s.startswith(n + " ")]
+    keys[s] = max(owners, key=len) if owners else s
+  order = list(dict.fromkeys(keys.values()))
+  return {s: cycle[order.index(k) % len(cycle)] for s, k in keys.items()}
+
+
 def _batch_ticks(ax, x):
   """Plain numbers on a log x axis; the data's own values when there are few (batch sizes)."""
   values = sorted(v for v in set(x) if v > 0 and math.isfinite(v))
@@ -107,13 +122,19 @@ def _plain(v, _=None) -> str:
 
 
 def _log_labels(axis, values):
-  """Plain numbers on a log axis; minor ticks labelled too when the data span less than a
-  decade (else a log axis may show no label at all)."""
+  """Plain numbers on a log axis; minor ticks at 2, 3 and 5 x a power of ten labelled too when
+  the data span less than a decade (else a log axis may show no label at all; every minor tick
+  labelled would overlap)."""
   fmt = matplotlib.ticker.FuncFormatter(_plain)
   axis.set_major_formatter(fmt)
   v = np.asarray([u for u in values if np.isfinite(u) and u > 0], float)
   small = v.size and v.max() / v.min() < 10
-  axis.set_minor_formatter(fmt if small else matplotlib.ticker.NullFormatter())
+
+  def minor(u, _=None):
+    mantissa = u / 10 ** math.floor(math.log10(u)) if u > 0 else 0
+    return _plain(u) if any(abs(mantissa - m) < 1e-6 for m in (2, 3, 5)) else ""
+  axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(minor) if small
+                           else matplotlib.ticker.NullFormatter())
 
 
 def heatmap(data: pd.DataFrame, value: str, title: str):
@@ -125,8 +146,12 @@ def heatmap(data: pd.DataFrame, value: str, title: str):
     i, j = ps.index(r.P), gs.index(r.G)
     v = float(r[value])
     grid[i, j] = v if math.isfinite(v) else np.nan
-    ax.text(j, i, r.text, ha="center", va="center", fontsize=8)
   im = ax.imshow(np.ma.masked_invalid(grid), cmap="viridis_r", aspect="auto")
+  for _, r in data.iterrows():  # white on the dark (high) half of viridis_r, black elsewhere
+    v = float(r[value])
+    dark = math.isfinite(v) and im.norm(v) > 0.5
+    ax.text(gs.index(r.G), ps.index(r.P), r.text, ha="center", va="center", fontsize=8,
+            color="white" if dark else "black")
   fig.colorbar(im, ax=ax, label=value)
   ax.set_xticks(range(len(gs)), [str(g) for g in gs])
   ax.set_yticks(range(len(ps)), [str(p) for p in ps])
