@@ -189,3 +189,27 @@ def test_timing_seen_says_sublinear_only_when_the_interval_is_below_one():
   sec.facts["gen_power"] = {"grpo": {"exponent": 0.95, "exponent_hi": 1.1}}
   assert "sublinear" not in q._timing_seen({"timing": sec})
   assert q._timing_seen({}) == ""
+
+
+def test_a_break_only_the_median_curve_shows_is_not_settled():
+  """The seed's range claim is *not reproduced* only when a ratio's interval lies above
+  1 + tolerance; a median curve a hair below the band (no interval) with a ratio whose interval
+  reaches across the line leaves it *not settled* (the committed study's B = 32)."""
+  import types
+  import report_sections
+  import report_sections_questions as q
+  import stats
+
+  def rows(lo, hi):
+    return pd.DataFrame([
+        dict(kind="grpo", series="best lr", B=16, is_reference=True, invariant=True,
+             ratio=stats.Interval(1.0), curve_within=True, shortfall=0.0, steps=90.0),
+        dict(kind="grpo", series="best lr", B=32, is_reference=False, invariant=False,
+             ratio=stats.Interval(1.25, lo, hi, 5, 0.97, "bootstrap"), curve_within=False,
+             shortfall=0.054, steps=56.0)])
+  sec = report_sections.Section("invariance")
+  study = types.SimpleNamespace(opts=types.SimpleNamespace(tolerance=0.2))
+  sec.facts["rows"] = rows(0.0, 2.09)
+  assert q.q_range(study, {"invariance": sec})["mark"] == "not settled"
+  sec.facts["rows"] = rows(1.3, 2.09)
+  assert q.q_range(study, {"invariance": sec})["mark"] == "not reproduced"
