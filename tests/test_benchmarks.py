@@ -82,3 +82,23 @@ def test_real_run_benchmark(tmp_path):
   assert row["remat"] == "full" and row["logprob_chunk"] == 8192
   assert {"model.safetensors", "tokenizer.json"} <= set(row["exported"])
   assert row["memory"]["actor_update"]["compiled_temp_gb"] > 0 and row["host_peak_rss_gb"] > 0
+
+
+def test_same_numbers_compares_the_computation_not_the_machine():
+  """benchmarks/same_numbers.py's comparison: timing, memory and throughput keys may differ;
+  any other number, a missing key or a missing row is a difference, named by step and key."""
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(
+      "same_numbers", os.path.join(REPO, "benchmarks", "same_numbers.py"))
+  m = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(m)
+  row = {"step": 1, "actor/loss": 0.25, "time/step": 1.0, "memory/host_peak_gb": 2.0,
+         "throughput/responses_per_s": 9.0, "wall_time": 3.0}
+  machine = dict(row, **{"time/step": 2.0, "memory/host_peak_gb": 3.0,
+                         "throughput/responses_per_s": 1.0, "wall_time": 9.0})
+  assert m.compare([row], [machine]) is None
+  assert m.compare([row], [dict(row, **{"actor/loss": 0.25000000000000006})]) == (
+      "step 1: actor/loss = 0.25 before, 0.25000000000000006 after")
+  assert "actor/loss = 0.25 before, absent after" in m.compare(
+      [row], [{k: v for k, v in row.items() if k != "actor/loss"}])
+  assert m.compare([row], [row, row]) == "1 rows before, 2 after"
