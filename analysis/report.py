@@ -21,7 +21,19 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import figures  # noqa: E402
 import report_md  # noqa: E402
 import report_sections  # noqa: E402
+import report_sections_fits  # noqa: E402
+import report_sections_questions  # noqa: E402
+import report_sections_rules  # noqa: E402
+import report_sections_system  # noqa: E402
 import study_table  # noqa: E402
+
+# Every section, most important first; the two marked `lead` (design, questions) are written
+# right after the verdict (report_md.write).
+SECTIONS = (report_sections.decision, report_sections.invariance,
+            report_sections_rules.learning_rate, report_sections_fits.critical_batch,
+            report_sections_rules.pairs, report_sections_system.actor_critic,
+            report_sections_fits.compute_curves, report_sections_system.timing,
+            report_sections.design, report_sections_questions.questions)
 
 
 def _floats(text: str) -> list[float]:
@@ -53,7 +65,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 def _sections(study, table) -> list:
   out, done = [], {}
-  for fn in report_sections.sections():
+  for fn in SECTIONS:
     try:
       sec = (fn(study, table, done) if "done" in inspect.signature(fn).parameters
              else fn(study, table))

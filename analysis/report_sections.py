@@ -3,7 +3,8 @@
 A section gets the study (runs) and the configuration table (verdict seeds aggregated at the
 target) and returns a Section; drawing and writing happen elsewhere (figures.py,
 report_md.py). This file holds the two most important sections, the decision table and where
-invariance breaks; the others live in report_sections_*.py and are listed in `sections()`.
+invariance breaks, and the study-design check; the others live in report_sections_*.py, which
+import this one; report.py lists them all (so nothing here imports back up).
 """
 
 from __future__ import annotations
@@ -331,17 +332,6 @@ def _ratio_figure(rows: pd.DataFrame, tolerance: float) -> Figure:
                 data, functools.partial(figures.lines, xlabel="B (responses per optimizer step)",
                                         ylabel="responses to target / reference", logx=True,
                                         hband=(0, 1 + tolerance)))
-
-
-def sections() -> list[Callable]:
-  """Every section, most important first."""
-  import report_sections_fits as fits_s
-  import report_sections_questions as questions_s
-  import report_sections_rules as rules_s
-  import report_sections_system as system_s
-  return [decision, invariance, rules_s.learning_rate, fits_s.critical_batch,
-          rules_s.pairs, system_s.actor_critic, fits_s.compute_curves, system_s.timing,
-          design, questions_s.questions]
 
 
 def design(study: st.Study, table: pd.DataFrame, done: dict | None = None) -> Section:

@@ -16,6 +16,7 @@ import pandas as pd
 
 import study_table as st
 from report_md import iv, num
+import report_sections as rs
 from report_sections import Section
 
 GPU_STUDY = ("python launch/study.py --study=configs/studies/chain_sum_cpu.py "
@@ -43,7 +44,6 @@ def q_range(study: st.Study, done: dict) -> dict:
            "lr adjusted; P = 2048 and 4096 deviate")
   if rows is None:
     return dict(claim=claim, mark="not tested", why="no GRPO best-lr series in this study")
-  import report_sections as rs
   down, up = rs.largest_invariant(rows)
   lo, hi = int(rows.B.min()), int(rows.B.max())
   broke = rows[(rows.B > up)].head(1)
