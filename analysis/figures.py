@@ -93,7 +93,7 @@ def lines(data: pd.DataFrame, xlabel, ylabel, logx: bool = False, logy: bool = F
 def _colors(d: pd.DataFrame) -> dict:
   """A colour per series; a fitted or reference line ("B=8 fit", "grpo actor 1/√B") takes the
   colour of the data series whose name begins it, so a fit and its points match."""
-  data = [s for s, st in zip(d["series"], d["style"]) if st not in ("fit", "dashed")]
+  data = dict.fromkeys(s for s, st in zip(d["series"], d["style"]) if st not in ("fit", "dashed"))
   cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   keys = {}
   for s in dict.fromkeys(d["series"]):
