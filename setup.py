@@ -11,10 +11,11 @@ setup(
     python_requires=">=3.11",
     # The experiment configs stay in the checkout's configs/ (one copy) and install as
     # rlscale.configs, so `rlscale --config=configs/grpo.py` works from any directory.
-    packages=find_packages(include=["rlscale", "rlscale.*"]) + ["rlscale.configs"],
+    packages=find_packages(include=["rlscale", "rlscale.*", "analysis", "analysis.*"]) + ["rlscale.configs"],
     package_dir={"rlscale.configs": "configs"},
-    # The accelerator and published-scaling tables; the GSM8K-style prompts of grpo_math.py.
-    package_data={"rlscale.data": ["*.json"], "rlscale.data.gsm8k_style": ["*.jsonl"]},
+    # The GSM8K-style prompts of grpo_math.py; the throughput model's accelerator and
+    # published-scaling tables.
+    package_data={"rlscale.data.gsm8k_style": ["*.jsonl"], "analysis.throughput": ["*.json"]},
     install_requires=[
         "jax>=0.10.2",
         "flax>=0.12.8",
@@ -38,7 +39,10 @@ setup(
         "matplotlib>=3.8",
         "scipy>=1.11",
     ],
-    entry_points={"console_scripts": ["rlscale = rlscale.main:run"]},  # = python -m rlscale
+    entry_points={"console_scripts": [
+        "rlscale = rlscale.run.main:run",  # = python -m rlscale
+        "rlscale-report = analysis.report:main",  # = python -m analysis.report
+    ]},
     extras_require={
         # safetensors: a cross-check; wheel: the packaging test builds a wheel without build
         # isolation, and a venv's setuptools before 70.1 has no bdist_wheel of its own.

@@ -4,8 +4,8 @@ target, as report.py measures them, without a study around them.
     python analysis/compare_runs.py runs/p16 runs/p64 --reference runs/p16 [--plot curves.png]
     python analysis/compare_runs.py runs/bi --only='seed=0$' --reference='runs/bi/p=64,seed=0'
 
-For each run: B (responses per optimizer step, also in prompts; rlscale/batch.py), effective lr,
-responses to target (the crossing of the monotone fit of its evaluations, rlscale/crossing.py:
+For each run: B (responses per optimizer step, also in prompts; rlscale/plan/batch.py), effective lr,
+responses to target (the crossing of the monotone fit of its evaluations, rlscale/metrics/crossing.py:
 it does not depend on how often the run evaluates) and time to target (that over the run's
 responses per second), both relative to the reference, its optimizer steps to target, and its
 final B_simple. A run is *invariant* (one-sided, DESIGN.md) when it needs at most
@@ -21,15 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # rlscale
-import fits  # noqa: E402
-import study_table as st  # noqa: E402
-from runs import expand  # noqa: E402
+from analysis import fits
+from analysis import study_table as st
+from analysis.runs import expand
 
 
 def shortfall(run, ref, metric: str) -> float | None:

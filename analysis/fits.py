@@ -15,7 +15,7 @@ import numpy as np
 from scipy import optimize
 from scipy import stats as sps
 
-from rlscale import crossing
+from rlscale.metrics import crossing
 
 
 def _arrays(*cols, min_points: int = 1, what: str = "fit"):
@@ -30,7 +30,7 @@ def _arrays(*cols, min_points: int = 1, what: str = "fit"):
   return out
 
 
-# --- 1. Crossing a target: rlscale/crossing.py (the study runner chooses with it too) ----------
+# --- 1. Crossing a target: rlscale/metrics/crossing.py (the study runner chooses with it too) ----------
 
 first_crossing = crossing.first_crossing
 

@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # rlscale
 
 
 def measure(task, policy, mesh, rules, *, k: int, max_new_tokens: int, seed: int = 0,
@@ -26,7 +24,7 @@ def measure(task, policy, mesh, rules, *, k: int, max_new_tokens: int, seed: int
   import jax
   import numpy as np
   from flax import nnx
-  from rlscale import rollout
+  from rlscale.trainer import rollout
   from rlscale.sampling import Sampler, SamplingParams, generate
 
   graphdef, state = nnx.split(policy)
@@ -70,7 +68,9 @@ def main(argv=None) -> None:
   if args.k < 1:
     ap.error(f"--k={args.k} must be >= 1")
 
-  from rlscale import config_files, sharding, tasks
+  from rlscale import tasks
+  from rlscale.config import files as config_files
+  from rlscale.parallel import sharding
   from rlscale.checkpoints import hf
   cfg = config_files.load(args.config)
   task = tasks.make(cfg.task)

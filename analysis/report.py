@@ -16,24 +16,17 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # rlscale
-import figures  # noqa: E402
-import report_md  # noqa: E402
-import report_sections  # noqa: E402
-import report_sections_fits  # noqa: E402
-import report_sections_questions  # noqa: E402
-import report_sections_rules  # noqa: E402
-import report_sections_system  # noqa: E402
-import study_table  # noqa: E402
+from analysis import figures
+from analysis import report_md
+from analysis.sections import decision, fitted, questions, rules, system
+from analysis.sections.types import Section
+from analysis import study_table
 
 # Every section, most important first; the two marked `lead` (design, questions) are written
 # right after the verdict (report_md.write).
-SECTIONS = (report_sections.decision, report_sections.invariance,
-            report_sections_rules.learning_rate, report_sections_fits.critical_batch,
-            report_sections_rules.pairs, report_sections_system.actor_critic,
-            report_sections_fits.compute_curves, report_sections_system.timing,
-            report_sections.design, report_sections_questions.questions)
+SECTIONS = (decision.decision, decision.invariance, rules.learning_rate, fitted.critical_batch,
+            rules.pairs, system.actor_critic, fitted.compute_curves, system.timing,
+            decision.design, questions.questions)
 
 
 def _floats(text: str) -> list[float]:
@@ -72,7 +65,7 @@ def _sections(study, table) -> list:
     except Exception as e:  # noqa: BLE001 - one bad section must not lose the others
       msg = f"{e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}"
       print(f"report.py: warning: section {fn.__name__} failed ({msg})", file=sys.stderr)
-      sec = report_sections.Section(fn.__name__.replace("_", " "),
+      sec = Section(fn.__name__.replace("_", " "),
                                     skipped=f"failed to compute ({msg}).")
     done[fn.__name__] = sec
     out.append(sec)

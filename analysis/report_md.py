@@ -92,7 +92,7 @@ def interval_columns(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _definitions(study) -> list[str]:
-  import stats
+  from analysis import stats
   o = study.opts
   seeds = sorted({int(n) for n in study.verdict_runs().groupby("config").size()})
   cover = ", ".join(f"{stats.median_interval(range(n)).coverage:.0%} at n={n}"
@@ -115,7 +115,7 @@ def _definitions(study) -> list[str]:
                                                               " printed beside it") + ".",
       "- **Responses to target** = where the monotone (isotonic) fit of the raw evaluations "
       "first reaches the target, interpolated between the two fitted evaluations around it "
-      "(rlscale/crossing.py): no smoothing window, so it does not depend on how often a run "
+      "(rlscale/metrics/crossing.py): no smoothing window, so it does not depend on how often a run "
       "evaluates; a PPO critic's warm-up responses are subtracted (shown beside). Never "
       "reached = ∞ ('not reached (final X)'). **Steps to target** = the actor's optimizer "
       f"steps by then; fewer than {o.min_steps} is flagged as a transient.",

@@ -22,8 +22,8 @@ class Run:
 
   @property
   def plan(self):
-    """The run's batch plan, from its config.json by the code the run used (rlscale/batch.py)."""
-    from rlscale import batch
+    """The run's batch plan, from its config.json by the code the run used (rlscale/plan/batch.py)."""
+    from rlscale.plan import batch
     return batch.plan(self.config)
 
   @property

@@ -6,7 +6,7 @@
         [--layout colocated|split|both] [--overlap] [--bcrit B --smin S] \
         [--run_accelerator cpu] [--out DIR]
 
-The model (rlscale/throughput_model.py) is calibrated (rlscale/throughput_calibration.py) on
+The model (analysis/throughput/model.py) is calibrated (analysis/throughput/calibration.py) on
 RUN_DIR's median step past compilation on the accelerator it ran on (--run_accelerator, default
 cpu), then applied to --accelerator. Several RUN_DIRs of one config at different device
 counts on the shared host (cpu) add its per-device cost, a + b·N seconds per phase fitted to
@@ -29,15 +29,13 @@ import os
 import sys
 import textwrap
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # rlscale
-import figures  # noqa: E402  (Agg backend, deterministic PDFs)
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+from analysis import figures  # (Agg backend, deterministic PDFs)
+import matplotlib.pyplot as plt
+import pandas as pd
 
-from rlscale import accelerators  # noqa: E402
-from rlscale import throughput_calibration as tc  # noqa: E402
-from rlscale import throughput_model as tm  # noqa: E402
+from analysis.throughput import accelerators
+from analysis.throughput import calibration as tc
+from analysis.throughput import model as tm
 
 COLUMNS = ["chips", "layout", "sampler", "trainer", "generate", "train", "allreduce", "sync",
            "fixed", "step", "speedup", "efficiency", "steps_to_target", "time_to_target",

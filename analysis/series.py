@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pandas as pd
 
-import study_table as st
+from analysis import study_table as st
 
 
 @dataclasses.dataclass
@@ -37,7 +37,7 @@ class Series:
 def chosen_lr(study: st.Study, kind: str) -> dict[int, float]:
   """P -> the effective lr of the value a study stage of `kind` chose for it (study.json; its
   runs' scaling rule applied), {} when none."""
-  from rlscale import optim
+  from rlscale.rl import optim
   runs = study.runs
   out = {}
   for choice in study.record.get("chosen", {}).values():

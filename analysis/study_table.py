@@ -8,7 +8,7 @@ it.
 
 What the rows measure (DESIGN.md, "Analysis: what a study reports"):
 - responses to target: the crossing of the monotone fit of the run's raw evaluations
-  (rlscale/crossing.py), less a PPO critic's warm-up responses (the actor did not train in
+  (rlscale/metrics/crossing.py), less a PPO critic's warm-up responses (the actor did not train in
   them; stated beside); never smoothed over evaluations, so it does not depend on how often a
   run evaluates;
 - the run's learning rate is the actor's effective one (its base lr through its scaling
@@ -36,11 +36,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # rlscale
-from runs import Run  # noqa: E402
-import stats  # noqa: E402
-from rlscale import crossing, optim  # noqa: E402
+from analysis.runs import Run
+from analysis import stats
+from rlscale.metrics import crossing
+from rlscale.rl import optim
 
 
 class StudyError(ValueError):
@@ -196,7 +195,7 @@ def warmup_responses(run: Run) -> int:
 
 def responses_to_target(run: Run, metric: str, target: float) -> float:
   """Responses the actor trained on until the monotone fit of its evaluations reached
-  `target` (rlscale/crossing.py); +inf when never reached."""
+  `target` (rlscale/metrics/crossing.py); +inf when never reached."""
   x, y = eval_curve(run, metric)
   if x.size == 0:
     return math.inf
@@ -475,7 +474,7 @@ def _add_outcomes(study: Study):
   for k, v in cols.items():
     runs[k] = v
   # A crossing inside a bracket wider than a quarter of itself rests on the curve's shape
-  # between two far-apart evaluations (rlscale/crossing.py): say how many there are.
+  # between two far-apart evaluations (rlscale/metrics/crossing.py): say how many there are.
   cross = runs.responses_to_target + runs.get("warmup", 0).fillna(0).astype(float)
   coarse = runs[(runs.problem == "") & np.isfinite(cross) & (runs.bracket > 0.25 * cross)]
   if len(coarse):

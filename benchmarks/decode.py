@@ -39,7 +39,8 @@ def main(argv):
   import numpy as np
   from flax import nnx
 
-  from rlscale import models, sharding
+  from rlscale import models
+  from rlscale.parallel import sharding
   from rlscale.sampling import Sampler, SamplingParams
 
   cfg = model_shape.model_config(FLAGS.dtype)

@@ -12,7 +12,7 @@ The summary line sets it beside what `rollout.generation_batch=auto` would choos
 config's step (P x G responses, G copies of a prompt prefilled once) on this device: the
 largest call whose compiled decode fits the device memory (rlscale/sampling/memory_fit.py),
 with the bound that decided it, its bytes per device and the budget; and beside the batch
-plan's heuristic (rlscale/batch.py).
+plan's heuristic (rlscale/plan/batch.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import time
 
 from absl import app, flags
@@ -36,12 +35,13 @@ flags.DEFINE_integer("repeats", 5, "timed calls per batch")
 
 def main(argv):
   del argv
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   import jax
   import numpy as np
   from flax import nnx
 
-  from rlscale import config_files, experiment, models
+  from rlscale import models
+  from rlscale.config import files as config_files
+  from rlscale.resolve import experiment
   from rlscale.sampling import Sampler, SamplingParams
 
   cfg = config_files.load(FLAGS.config)
@@ -85,7 +85,8 @@ def _auto_fields(cfg, env, sampler, state, plen: int, critical: int) -> dict:
   memory fit), beside the measured critical generation batch and the plan's heuristic."""
   import jax
 
-  from rlscale import batch, sharding
+  from rlscale.plan import batch
+  from rlscale.parallel import sharding
   from rlscale.sampling import memory_fit
 
   responses = cfg.rl.num_prompts * cfg.rl.group_size

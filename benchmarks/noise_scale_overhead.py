@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import tempfile
 
 from absl import app, flags, logging
@@ -27,9 +26,10 @@ flags.DEFINE_string("cache_dir", None, "where the base policy is cached (default
 
 def main(argv):
   del argv
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  from rlscale import config_files, logs, train
-  from rlscale.config_validation import validate
+  from rlscale.config import files as config_files
+  from rlscale.run import logs
+  from rlscale.run import train
+  from rlscale.resolve.validate import validate
   logs.quiet_libraries()
   logging.set_verbosity(logging.WARNING)
   out = {}

@@ -22,14 +22,12 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 import time
 
 from absl import app, flags, logging
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import rl_step  # noqa: E402  (the step's flags and its setup)
+import rl_step  # (the step's flags and its setup)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("top", 20, "ops listed per phase")
@@ -85,9 +83,8 @@ def main(argv):
   os.environ["XLA_FLAGS"] = " ".join([
       os.environ.get("XLA_FLAGS", ""), "--xla_cpu_enable_xprof_traceme=true",
       f"--xla_dump_to={hlo_dir}", "--xla_dump_hlo_as_text"]).strip()
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   import jax
-  from rlscale import logs
+  from rlscale.run import logs
   logs.quiet_libraries()
   logging.set_verbosity(logging.WARNING)
   try:

@@ -21,15 +21,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import time
 
 from absl import app, flags, logging
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import rl_step  # noqa: E402  (its flags and its per-phase instruments)
+import rl_step  # (its flags and its per-phase instruments)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint", None, "a Hugging Face policy folder (tests/policy_folder.py)")
@@ -41,7 +39,7 @@ for name, value in (("prompts", 4), ("group", 4), ("prompt_len", 128), ("new_tok
 
 def run_config(workdir: str):
   """configs/grpo_math.py on --checkpoint with the benchmark's sizes and memory settings."""
-  from rlscale import config_files
+  from rlscale.config import files as config_files
   cfg = config_files.load(os.path.join(os.path.dirname(HERE), "configs", "grpo_math.py"))
   cfg.model.hf_checkpoint = FLAGS.checkpoint
   cfg.model.dtype, cfg.model.param_dtype = FLAGS.dtype, FLAGS.param_dtype or FLAGS.dtype
@@ -63,8 +61,9 @@ def run_config(workdir: str):
 
 def run(workdir: str) -> dict:
   """Build, run and finish the trainer with per-phase instruments; the measured figures."""
-  from rlscale import logs, rl_loop
-  from rlscale.loop import Loop
+  from rlscale.run import logs
+  from rlscale.trainer import rl_trainer as rl_loop
+  from rlscale.trainer.loop import Loop
   logs.quiet_libraries()
   cfg = run_config(workdir)
   t0 = time.time()
@@ -92,7 +91,6 @@ def main(argv):
   if not FLAGS.checkpoint:
     raise app.UsageError("--checkpoint=DIR: a policy folder (python tests/policy_folder.py DIR "
                          "--real_vocab writes a Qwen2.5-0.5B-shaped one)")
-  sys.path.insert(0, os.path.dirname(HERE))
   import jax
   logging.set_verbosity(logging.WARNING)
   with tempfile.TemporaryDirectory() as workdir:

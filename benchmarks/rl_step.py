@@ -5,7 +5,7 @@
     python benchmarks/rl_step.py --family=qwen2 --layers=24 --d_model=896 --heads=14 \
         --kv_heads=2 --head_dim=64 --mlp_dim=4864 --vocab=151936 --dtype=bfloat16   # 0.5B
 
-The step is the trainer's own (rlscale/rl_loop.py driven by rlscale/loop.py, as
+The step is the trainer's own (rlscale/trainer/rl_trainer.py driven by rlscale/trainer/loop.py, as
 `launch/main.py` runs it): the decode on the mesh, scoring, the algorithm's `prepare` and
 `update`, the metrics fetch. Only the model and the task are the benchmark's: a random model
 of the shape the flags give (saved as the run's base checkpoint), and prompts of exactly
@@ -15,7 +15,7 @@ fraction of even ids (the peers' reward, ../shared/peers/).
 Sizes come from the batch plan: --microbatch 0 (the default) leaves rl.microbatch (and the
 critic's) 'auto', what users get, and the line says what it chose. Times are medians over
 --steps steps after two warm-up steps (compilation); `spread` gives min and max.
-`update_tflops_per_s` is the update's model FLOPs (rlscale/flops.py, the trainer's own count)
+`update_tflops_per_s` is the update's model FLOPs (rlscale/metrics/flops.py, the trainer's own count)
 over its time, and `matmul_tflops_per_s` a jitted 2048x2048 matmul of --dtype measured in the
 same process, the machine's reference; `update_fraction_of_matmul` is their ratio.
 
@@ -24,7 +24,7 @@ train.logprob_chunk, model.param_dtype and optim.state_dtype (the critic's too).
 gives per phase (generate, logprobs, actor_update, critic_update) XLA's analysis of the
 phase's compiled call per device (arguments, outputs, temporaries, total) and, over the timed
 steps, the host's peak RSS during the phase and the device's running peak at its end where the
-backend reports one (rlscale/memory_report.py). The generate phase runs from the decode's
+backend reports one (rlscale/metrics/memory_report.py). The generate phase runs from the decode's
 dispatch to its results (the trainer awaits them first when it completes the step); to measure
 the others on their own, each blocks until its results are ready (--phase_memory, the
 default), as all but the actor's update already do; its time is counted as before.
@@ -36,14 +36,12 @@ import json
 import os
 import resource
 import statistics
-import sys
 import tempfile
 import time
 
 from absl import app, flags, logging
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import model_shape  # noqa: E402  (the shape flags)
+import model_shape  # (the shape flags)
 
 FLAGS = flags.FLAGS
 FLAGS.set_default("family", "qwen3")  # the shape flags are model_shape.py's
@@ -114,7 +112,7 @@ def bench_task(vocab: int, prompt_len: int, num_eval: int = 8):
 
 def run_config(workdir: str):
   """The shipped config of --algorithm with the benchmark's shape, sizes and base checkpoint."""
-  from rlscale import config_files
+  from rlscale.config import files as config_files
   cfg = config_files.load(f"configs/{FLAGS.algorithm}.py")
   cfg.model.update(vocab_size=FLAGS.vocab, d_model=FLAGS.d_model, num_layers=FLAGS.layers,
                    num_heads=FLAGS.heads, num_kv_heads=FLAGS.kv_heads, head_dim=FLAGS.head_dim,
@@ -158,8 +156,11 @@ def base_checkpoint(cfg, env, folder: str) -> None:
 
 def make_trainer(workdir: str):
   """The shipped trainer on the benchmark's config, task and random base, in workdir/run."""
-  from rlscale import experiment, rl_loop, roles, sharding
-  from rlscale.config_validation import validate
+  from rlscale.resolve import experiment
+  from rlscale.trainer import rl_trainer as rl_loop
+  from rlscale.parallel import roles
+  from rlscale.parallel import sharding
+  from rlscale.resolve.validate import validate
   cfg = run_config(workdir)
   meshes = roles.make_meshes(cfg.mesh)
   rules = sharding.rules_from_config(cfg.mesh.rules)
@@ -187,7 +188,7 @@ def matmul_tflops(n: int, dtype: str) -> float:
 
 def peak_memory() -> dict[str, float]:
   import jax
-  from rlscale import memory_report
+  from rlscale.metrics import memory_report
   out = {"host_peak_rss_gb": max(memory_report.host_peak_rss(),
                                  resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2**30}
   stats = jax.devices()[0].memory_stats() or {}
@@ -209,7 +210,7 @@ def instrument(trainer, skip: int = 2):
   `skip` warm-up steps left out) and keep what the compiled calls' analysis needs: the last
   batch the algorithm prepared, and each trained model's update call wrapped in a Recorder."""
   import jax
-  from rlscale import memory_report
+  from rlscale.metrics import memory_report
   phases = memory_report.PhaseMemory(skip=skip)
   seen = {}
   begin, complete = trainer.begin, trainer.complete
@@ -248,7 +249,8 @@ def instrument(trainer, skip: int = 2):
 
 def phase_memory(trainer, phases, seen) -> dict[str, dict[str, float]]:
   """Per phase: the compiled call's memory analysis (GiB per device) beside the runtime peaks."""
-  from rlscale import memory_report, sharding
+  from rlscale.metrics import memory_report
+  from rlscale.parallel import sharding
   from rlscale.sampling import decode, memory_fit
   gib = memory_report.GIB
   out = {name: dict(figs) for name, figs in phases.figures().items()}
@@ -280,11 +282,10 @@ def med(rows, key):
 
 def main(argv):
   del argv
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   import jax
   import numpy as np
-  from rlscale import logs
-  from rlscale.loop import Loop
+  from rlscale.run import logs
+  from rlscale.trainer.loop import Loop
   logs.quiet_libraries()
   logging.set_verbosity(logging.WARNING)
   with tempfile.TemporaryDirectory() as workdir:

@@ -1,4 +1,4 @@
-"""Validation of the throughput model (rlscale/throughput_model.py); one JSON line per point.
+"""Validation of the throughput model (analysis/throughput/model.py); one JSON line per point.
 
     python benchmarks/scale_validation.py                       # 1, 2, 4, 8 simulated devices
     python benchmarks/scale_validation.py --devices=1,8 --steps=5 --calibrate_on=1
@@ -34,7 +34,6 @@ import sys
 from absl import app, flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
 flags.DEFINE_list("devices", ["1", "2", "4", "8"], "simulated device counts")
 flags.DEFINE_list("calibrate_on", ["1"], "the device counts the model is calibrated on "
@@ -105,9 +104,9 @@ def summary(rows: list[dict], cal, on: list[int]) -> dict:
 
 
 def simulated() -> None:
-  from rlscale import accelerators
-  from rlscale import throughput_calibration as tc
-  from rlscale import throughput_model as tm
+  from analysis.throughput import accelerators
+  from analysis.throughput import calibration as tc
+  from analysis.throughput import model as tm
   on = sorted({int(n) for n in FLAGS.calibrate_on})
   counts = sorted({int(n) for n in FLAGS.devices} | set(on))
   runs = {n: tc.load_run(run_job(n)) for n in counts}
@@ -125,7 +124,7 @@ def simulated() -> None:
 
 def main(argv):
   del argv
-  from rlscale.published_scaling import published
+  from analysis.throughput.published import published
   if not FLAGS.published_only:
     simulated()
   for row in published():

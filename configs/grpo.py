@@ -8,12 +8,12 @@
 
 Batch units follow DESIGN.md: num_prompts P x group_size G responses per step, cut into
 num_minibatches optimizer steps per epoch, num_epochs passes, microbatch rows per pass;
-rlscale/batch.py derives what is left 'auto' and logs its choice.
+rlscale/plan/batch.py derives what is left 'auto' and logs its choice.
 """
 
 import ml_collections
 
-from rlscale import config_common as common
+from rlscale.config import sections as common
 from rlscale.sweep import axes as sw
 
 

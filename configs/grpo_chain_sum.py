@@ -17,7 +17,7 @@ import math
 
 import ml_collections
 
-from rlscale import config_common as common
+from rlscale.config import sections as common
 from rlscale.sweep import axes as sw
 
 

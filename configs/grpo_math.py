@@ -20,7 +20,7 @@ import os
 
 import ml_collections
 
-from rlscale import config_common as common
+from rlscale.config import sections as common
 
 DATA = os.path.join(os.path.dirname(common.__file__), "data", "gsm8k_style")
 

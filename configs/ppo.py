@@ -11,7 +11,7 @@ micro-batches; batch units follow DESIGN.md as in configs/grpo.py.
 
 import ml_collections
 
-from rlscale import config_common as common
+from rlscale.config import sections as common
 from rlscale.sweep import axes as sw
 
 

@@ -12,8 +12,8 @@ import os
 
 import ml_collections
 
-from rlscale import config_common as common
-from rlscale import config_files
+from rlscale.config import sections as common
+from rlscale.config import files as config_files
 from rlscale.sweep import axes as sw
 
 _HERE = os.path.dirname(os.path.abspath(__file__))

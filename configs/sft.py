@@ -10,7 +10,7 @@ cached copy is missing.
 
 import ml_collections
 
-from rlscale import config_common as common
+from rlscale.config import sections as common
 
 
 def tiny(c: ml_collections.ConfigDict) -> None:
@@ -36,7 +36,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   common.arithmetic_default(c)  # model, mesh, task
   c.sft = ml_collections.ConfigDict()
   c.sft.batch_size = 128  # demonstrations per step (global)
-  c.sft.microbatch = 128  # rows per forward/backward pass ('auto': rlscale/batch.py chooses)
+  c.sft.microbatch = 128  # rows per forward/backward pass ('auto': rlscale/plan/batch.py chooses)
   c.optim = common.optim(lr=2e-3)
   c.optim.warmup_responses = 2560  # 20 steps, then constant: decay learns slower in this budget
   c.train = common.run(num_steps=900)

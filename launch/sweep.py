@@ -6,12 +6,7 @@
 The flags and the launchers live in rlscale/sweep/ (cli.py); also `python -m rlscale.sweep`.
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from rlscale.sweep import cli  # noqa: E402  (after the checkout is on the path)
+from rlscale.sweep import cli
 
 if __name__ == "__main__":
   cli.main()

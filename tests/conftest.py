@@ -12,7 +12,8 @@ import types  # noqa: E402
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-from rlscale import models, sharding  # noqa: E402
+from rlscale import models  # noqa: E402
+from rlscale.parallel import sharding
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +46,7 @@ def grpo_single_process_run(tmp_path_factory, rl_base_cache):
   sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers"))
   import two_process_rl
 
-  from rlscale import train
+  from rlscale.run import train
   run_dir = str(tmp_path_factory.mktemp("grpo_one") / "one")
   summary = train.main(two_process_rl.config("grpo.py", rl_base_cache), run_dir)
   return types.SimpleNamespace(run_dir=run_dir, cache_dir=rl_base_cache, summary=summary)

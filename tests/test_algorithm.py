@@ -6,8 +6,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from rlscale import config_files, train
-from rlscale.config_validation import ConfigError, validate
+from rlscale.config import files as config_files
+from rlscale.run import train
+from rlscale.config.errors import ConfigError
+from rlscale.resolve.validate import validate
 from rlscale.rl import algorithm
 from rlscale.rl.update import policy_forward
 

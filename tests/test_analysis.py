@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from rlscale import config_files
+from rlscale.config import files as config_files
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "analysis"))
-import compare_runs  # noqa: E402
+from analysis import compare_runs  # noqa: E402
 
 
 def _run(tmp_path, name, prompts, minibatches, rtt):
@@ -50,7 +50,7 @@ def test_batch_is_responses_per_optimizer_step(tmp_path, capsys):
 
 
 def test_a_sweep_directory_stands_for_its_done_points(tmp_path):
-  from runs import expand
+  from analysis.runs import expand
   points = [{"name": "p=8,seed=0", "status": "done"}, {"name": "p=16,seed=0", "status": "failed"},
             {"name": "p=32,seed=1", "status": "done"}]
   with open(tmp_path / "sweep.json", "w") as f:

@@ -15,8 +15,10 @@ import sys
 import jax
 import pytest
 
-from rlscale import command_line, config_files
-from rlscale.config_validation import EVAL_METRICS, ConfigError, validate
+from rlscale.run import command_line
+from rlscale.config import files as config_files
+from rlscale.config.errors import ConfigError
+from rlscale.resolve.validate import EVAL_METRICS, validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A Hugging Face folder with config.json and weights but no tokenizer.json.

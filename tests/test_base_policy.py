@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from process_env import free_port, process_env
-from rlscale import base_policy, config_files
+from rlscale.run import base_policy
+from rlscale.config import files as config_files
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)

@@ -4,9 +4,10 @@ import os
 
 import pytest
 
-from rlscale import batch, config_files
-from rlscale.batch import ConfigError
-from rlscale.config_validation import validate
+from rlscale.plan import batch
+from rlscale.config import files as config_files
+from rlscale.config.errors import ConfigError
+from rlscale.resolve.validate import validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -4,9 +4,12 @@ import os
 
 import pytest
 
-from rlscale import config_files, tasks, train
-from rlscale.config_common import chain_sum_task
-from rlscale.config_validation import ConfigError, validate
+from rlscale import tasks
+from rlscale.config import files as config_files
+from rlscale.run import train
+from rlscale.config.sections import chain_sum_task
+from rlscale.config.errors import ConfigError
+from rlscale.resolve.validate import validate
 from rlscale.tasks.base import Problem
 from rlscale.tasks.chain_sum import ChainSum
 

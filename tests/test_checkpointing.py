@@ -16,8 +16,8 @@ import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from rlscale import sharding
-from rlscale.checkpointing import CHECKSUMS, CheckpointDamaged, Checkpointer
+from rlscale.parallel import sharding
+from rlscale.checkpoints.checkpointer import CHECKSUMS, CheckpointDamaged, Checkpointer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -296,7 +296,7 @@ def test_reserved_meta_key_is_refused(tmp_path, mesh):
 _INTERRUPTED_SAVE = """
 import glob, os, sys, time
 import jax, jax.numpy as jnp
-from rlscale.checkpointing import Checkpointer
+from rlscale.checkpoints.checkpointer import Checkpointer
 directory = sys.argv[1]
 ckpt = Checkpointer(directory, async_save=True)
 ckpt.save(1, {"w": jnp.ones((8, 8))}, {"step": 1})
@@ -329,13 +329,13 @@ def test_interrupted_save_is_not_used(tmp_path, caplog):
 _TWO_PROCESS_WORKER = """
 import faulthandler, json, logging, os, sys
 faulthandler.dump_traceback_later(240, exit=True)  # a hang ends with the stacks, not silence
-from rlscale import distributed
+from rlscale.parallel import distributed
 distributed.initialize()
 import jax, jax.numpy as jnp, numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
-from rlscale import sharding
-from rlscale.checkpointing import Checkpointer
+from rlscale.parallel import sharding
+from rlscale.checkpoints.checkpointer import Checkpointer
 
 directory, out = sys.argv[1], sys.argv[2]
 mesh = sharding.make_mesh((2, 2, 2))  # 4 devices of each process

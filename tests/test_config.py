@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from rlscale import config_files
-from rlscale.config_validation import ConfigError, validate
+from rlscale.config import files as config_files
+from rlscale.config.errors import ConfigError
+from rlscale.resolve.validate import validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

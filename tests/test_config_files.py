@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from rlscale import config_files, main
+from rlscale.config import files as config_files
+from rlscale.run import main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, "configs")
@@ -86,8 +87,8 @@ def test_command_line_keeps_a_local_path_and_locates_a_shipped_one(tmp_path, mon
 
 def test_resuming_with_another_config_is_refused_naming_the_fields(tmp_path):
   import json
-  from rlscale import experiment
-  from rlscale.batch import ConfigError
+  from rlscale.resolve import experiment
+  from rlscale.config.errors import ConfigError
   cfg = config_files.load(os.path.join(REPO, "configs", "grpo.py:tiny"))
   experiment.prepare_workdir(str(tmp_path), cfg)
   changed = config_files.load(os.path.join(REPO, "configs", "grpo.py:tiny,lr=1e12"))
@@ -109,8 +110,8 @@ def test_a_run_from_before_an_added_field_resumes_with_its_old_behaviour(tmp_pat
   """config.json of a run made before mesh.roles existed: the default (what the run did)
   resumes without asking; another value is a change named as such."""
   import json
-  from rlscale import experiment
-  from rlscale.batch import ConfigError
+  from rlscale.resolve import experiment
+  from rlscale.config.errors import ConfigError
   cfg = config_files.load(os.path.join(REPO, "configs", "grpo.py:tiny"))
   experiment.prepare_workdir(str(tmp_path), cfg)
   with open(tmp_path / "config.json") as f:

@@ -1,4 +1,4 @@
-"""rlscale/crossing.py: responses to target that do not depend on how often a run evaluates.
+"""rlscale/metrics/crossing.py: responses to target that do not depend on how often a run evaluates.
 
 The review that motivated it (issue 23): a trailing mean over 3 evaluations read one noiseless
 curve as crossing at 2,278, 2,973 and 4,818 responses when evaluated every 512, 1,024 and 2,048
@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from rlscale import crossing
+from rlscale.metrics import crossing
 
 R0, A, EXPONENT = 0.12, 0.6, 1.5
 

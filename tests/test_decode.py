@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlscale import models, sharding
+from rlscale import models
+from rlscale.parallel import sharding
 from rlscale.sampling import Sampler, SamplingParams, generate
 from rlscale.sampling.sample import row_keys, row_uniforms, sample
 

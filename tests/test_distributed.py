@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from process_env import free_port, process_env
-from rlscale import distributed
+from rlscale.parallel import distributed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -150,7 +150,7 @@ def _two_processes_like_one(name, tmp_path, cache_dir):
   sys.path.insert(0, os.path.join(HERE, "workers"))
   import two_process_rl
 
-  from rlscale import train
+  from rlscale.run import train
 
   # One process, 8 devices; builds the SFT base into the cache if missing.
   one_dir = str(tmp_path / "one")

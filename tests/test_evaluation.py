@@ -5,8 +5,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlscale import config_common, models, rollout, sharding, tasks
-from rlscale.evaluation import Evaluator
+from rlscale import models, tasks
+from rlscale.config import sections as config_common
+from rlscale.trainer import rollout
+from rlscale.parallel import sharding
+from rlscale.trainer.evaluation import Evaluator
 from rlscale.sampling import generate
 from rlscale.tasks import Score
 

@@ -9,10 +9,11 @@ import socket
 import numpy as np
 import pytest
 
-from rlscale import config_files, tasks
-from rlscale.batch import ConfigError
+from rlscale import tasks
+from rlscale.config import files as config_files
+from rlscale.config.errors import ConfigError
 from rlscale.checkpoints.tokenizer import HFTokenizer
-from rlscale.config_common import task as task_config
+from rlscale.config.sections import task as task_config
 from rlscale.data import gsm8k_style
 from rlscale.data.gsm8k_style import make as gsm8k_make
 from rlscale.tasks import files
@@ -236,7 +237,7 @@ def test_clear_errors_for_paths_fields_and_rows(tmp_path, tokenizer):
 
 def test_config_validation_checks_the_files_task(tmp_path):
   """Through validate(), as a run would, before any data is read."""
-  from rlscale.config_validation import validate
+  from rlscale.resolve.validate import validate
   folder = tmp_path / "hf"
   shutil.copytree(os.path.join(REPO, "tests", "fixtures", "hf", "qwen3"), folder)
   (folder / "tokenizer.json").write_text("{}")

@@ -13,7 +13,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "analysis"))
-import fits  # noqa: E402
+from analysis import fits  # noqa: E402
 
 BATCHES = np.array([8, 16, 32, 64, 128], float)  # the CPU study's
 E_MIN, B_CRIT = 500.0, 64.0

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlscale import flops
+from rlscale.metrics import flops
 from rlscale.models import ModelConfig
 
 CFG = ModelConfig(family="llama", vocab_size=10, d_model=4, num_layers=2, num_heads=2,

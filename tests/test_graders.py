@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from rlscale.config_common import task as task_config
+from rlscale.config.sections import task as task_config
 from rlscale.tasks import graders, verifiers
 from rlscale.tasks.base import Score
 

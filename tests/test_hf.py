@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlscale import models, sharding
+from rlscale import models
+from rlscale.parallel import sharding
 from rlscale.checkpoints import hf
 from rlscale.checkpoints.safetensors_io import CheckpointError, SafetensorsFolder
 from rlscale.checkpoints.tokenizer import HFTokenizer

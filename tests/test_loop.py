@@ -10,9 +10,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from rlscale import config_common as common
-from rlscale import loop
-from rlscale.checkpointing import Checkpointer
+from rlscale.config import sections as common
+from rlscale.trainer import loop
+from rlscale.checkpoints.checkpointer import Checkpointer
 
 NAP = 0.003  # seconds each fake phase takes, so that phases have a measurable length
 EVAL_NAP = 0.01
@@ -352,7 +352,7 @@ def test_resume_rewrites_metrics_from_the_checkpoint(tmp_path):
 
 
 def test_preemption_saves_the_step_in_flight_and_asks_to_be_requeued(tmp_path):
-  from rlscale import preemption
+  from rlscale.trainer import preemption
 
   class Preempts(FakeTrainer):
     def complete(self, step, t_begin, t_start):
@@ -379,7 +379,7 @@ def test_preemption_signals(name):
   import os
   import signal
 
-  from rlscale import preemption
+  from rlscale.trainer import preemption
   old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR2)}
   try:
     preemption.install()

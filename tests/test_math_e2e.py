@@ -6,10 +6,11 @@ import os
 
 import pytest
 
-from rlscale import config_files, train
+from rlscale.config import files as config_files
+from rlscale.run import train
 from rlscale.checkpoints.hf import config_from_folder
 from rlscale.checkpoints.tokenizer import HFTokenizer
-from rlscale.checkpointing import Checkpointer
+from rlscale.checkpoints.checkpointer import Checkpointer
 from policy_folder import write_policy_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

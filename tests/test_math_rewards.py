@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from rlscale import config_files, tasks
+from rlscale import tasks
+from rlscale.config import files as config_files
 from rlscale.checkpoints.tokenizer import HFTokenizer
 from policy_folder import write_tokenizer
 

@@ -8,7 +8,12 @@ import optax
 import pytest
 from flax import nnx
 
-from rlscale import batch, memory_report, models, optim, sharding
+from rlscale import models
+from rlscale.config.errors import ConfigError
+from rlscale.plan import batch
+from rlscale.metrics import memory_report
+from rlscale.rl import optim
+from rlscale.parallel import sharding
 from rlscale.models import memory
 from rlscale.rl.update import SequenceBatch, policy_forward
 
@@ -168,10 +173,10 @@ def test_unknown_settings_are_refused_naming_the_field():
     policy_forward(None, remat="everything")
   with pytest.raises(ValueError, match="train.logprob_chunk=1.5"):
     policy_forward(None, chunk=1.5)
-  from rlscale import config_files
+  from rlscale.config import files as config_files
   cfg = config_files.load("configs/grpo.py")
   cfg.train.remat = "sometimes"
-  with pytest.raises(batch.ConfigError, match="train.remat='sometimes'; known: none, full, dots"):
+  with pytest.raises(ConfigError, match="train.remat='sometimes'; known: none, full, dots"):
     batch.plan(cfg, shards=1, seq_len=13)
 
 
@@ -208,7 +213,7 @@ def test_activation_estimate_and_the_memory_bound():
   assert batch.micro_rows_cap(10) == (64, "row cap")
   mem = batch.TrainMemory({"actor": 1 << 20}, budget=4 << 30, resident=1 << 30, source="test")
   assert mem.max_tokens("actor") == 4096
-  from rlscale import config_files
+  from rlscale.config import files as config_files
   cfg = config_files.load("configs/grpo.py")
   p = batch.plan(cfg, shards=1, seq_len=1024, memory=mem)
   a = p.models["actor"]

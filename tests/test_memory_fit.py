@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlscale import models, sharding
-from rlscale.batch import ConfigError
+from rlscale import models
+from rlscale.parallel import sharding
+from rlscale.config.errors import ConfigError
 from rlscale.sampling import Sampler, SamplingParams, generate, memory_fit
 
 PROMPT, RESPONSES, UNIT, GROUP = 8, 64, 8, 4

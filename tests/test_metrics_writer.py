@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlscale.metrics_writer import MetricsWriter, write_json
+from rlscale.metrics.writer import MetricsWriter, write_json
 
 
 def _rows(workdir):

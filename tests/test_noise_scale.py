@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from rlscale import sharding
+from rlscale.parallel import sharding
 from rlscale.rl import noise_scale
 from rlscale.rl.update import SequenceBatch, TrainState, accumulate, make_update
 

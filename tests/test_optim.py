@@ -3,7 +3,7 @@
 
 import pytest
 
-from rlscale import optim
+from rlscale.rl import optim
 
 
 def _cfg(**kw):

@@ -12,7 +12,7 @@ import pytest
 import setuptools
 
 import rlscale
-from rlscale import config_files
+from rlscale.config import files as config_files
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -24,7 +24,7 @@ OPTIONAL = {"reasoning_gym": "reasoning", "tensorflow_datasets": "tfds"}
 CHECK_INSTALLED = r"""
 import importlib, json, os, pkgutil, sys
 import rlscale
-from rlscale import config_files
+from rlscale.config import files as config_files
 site = sys.argv[1]
 assert rlscale.__file__.startswith(site), rlscale.__file__
 imported, skipped = [], {}
@@ -121,7 +121,7 @@ def test_the_wheel_holds_every_module_and_runs_a_config_from_anywhere(tmp_path):
     if f.endswith(".py"):
       assert f"rlscale/configs/{f}" in names  # one copy in the checkout, shipped in the wheel
   (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
-  assert "rlscale = rlscale.main:run" in (site / entry_points).read_text()
+  assert "rlscale = rlscale.run.main:run" in (site / entry_points).read_text()
 
   elsewhere = _mkdir(tmp_path / "elsewhere")
   out = _installed_python(str(site), elsewhere, "-c", CHECK_INSTALLED, str(site))

@@ -10,7 +10,9 @@ import optax
 import pytest
 from flax import nnx
 
-from rlscale import config_files, models, train
+from rlscale import models
+from rlscale.config import files as config_files
+from rlscale.run import train
 from rlscale.rl.advantages import gae, token_rewards, whiten
 from rlscale.rl.losses import (clipped_surrogate, clipped_value_loss, decoupled_surrogate,
                                explained_variance)
@@ -104,9 +106,9 @@ def test_proximal_policy_is_an_ewma_of_the_weights(mesh1, rules):
 
 
 def test_proximal_centre_of_mass_grows_as_the_batch_shrinks(mesh1, rules):
-  from rlscale.config_common import noise_scale, optim
+  from rlscale.config.sections import noise_scale, optim
   from rlscale.rl.policy_loss import make_policy_loss
-  from rlscale.batch import ModelBatch
+  from rlscale.plan.batch import ModelBatch
   from rlscale.rl.trained import Trained
   graphdef, params = _tiny()
   loss = make_policy_loss(dict(clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=0.0,

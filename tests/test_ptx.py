@@ -89,7 +89,7 @@ def test_bad_ptx_fields_are_named(coef, rows, unit, match):
 def test_demo_files_give_prompt_and_response_rows_and_skip_long_prompts(tmp_path, mesh1, rules):
   import json
   from rlscale.checkpoints.tokenizer import HFTokenizer
-  from rlscale.config_common import task as task_config
+  from rlscale.config.sections import task as task_config
   from rlscale.tasks.files import FileTask, demonstration_pairs
   from tiny_tokenizer import make_tokenizer_folder
   tok = HFTokenizer(make_tokenizer_folder(str(tmp_path / "tok")))

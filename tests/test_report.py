@@ -13,7 +13,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "analysis"))
 sys.path.insert(0, os.path.join(REPO, "tests", "fixtures"))
 import fake_study  # noqa: E402
-import report  # noqa: E402
+from analysis import report  # noqa: E402
 
 STEMS = ["1_time_to_target_PxG", "2_curves_vs_responses", "2_rtt_ratio_vs_batch",
          "3_lr_per_batch_grpo", "4_responses_vs_batch", "4_bcrit_vs_target",
@@ -150,8 +150,8 @@ def test_a_collapsing_reference_seed_moves_no_verdict_and_is_flagged(tmp_path):
   """One of the reference's five verdict seeds reaches the target and collapses for good: its
   responses to target are infinite (it did not stay there), the median of the five and the
   largest invariant B do not move, and the design check names the collapse."""
-  import report_sections
-  import study_table
+  from analysis.sections import decision as report_sections
+  from analysis import study_table
   root = fake_study.write_study(str(tmp_path / "study"), collapse_reference_seed=True)
   study = study_table.read_study([root], study_table.Options(reps=300, fit_reps=50),
                                  stream=open(os.devnull, "w"))
@@ -169,7 +169,7 @@ def test_a_collapsing_reference_seed_moves_no_verdict_and_is_flagged(tmp_path):
 def test_a_fixed_lr_series_needs_three_batches():
   """Two batches whose chosen rates happen to be equal are not a fixed-lr series; the
   reference's rate run at two other batches is."""
-  import series
+  from analysis import series
   two = pd.DataFrame({"B": [16, 32], "lr": [1e-4, 1e-4], "config": ["a", "b"]})
   assert series._fixed("grpo", two, 16) == []
   three = pd.DataFrame({"B": [8, 16, 32], "lr": [1e-4, 1e-4, 1e-4], "config": ["a", "b", "c"]})
@@ -178,8 +178,8 @@ def test_a_fixed_lr_series_needs_three_batches():
 
 
 def test_timing_seen_says_sublinear_only_when_the_interval_is_below_one():
-  import report_sections
-  import report_sections_questions as q
+  from analysis.sections import decision as report_sections
+  from analysis.sections import questions as q
   sec = report_sections.Section("timing")
   sec.facts["rows"] = [dict(kind="grpo", gen_exponent="0.73 [0.6, 0.85]",
                             train_exponent="1 [0.9, 1.1]")]
@@ -196,9 +196,9 @@ def test_a_break_only_the_median_curve_shows_is_not_settled():
   1 + tolerance; a median curve a hair below the band (no interval) with a ratio whose interval
   reaches across the line leaves it *not settled* (the committed study's B = 32)."""
   import types
-  import report_sections
-  import report_sections_questions as q
-  import stats
+  from analysis.sections import decision as report_sections
+  from analysis.sections import questions as q
+  from analysis import stats
 
   def rows(lo, hi):
     return pd.DataFrame([

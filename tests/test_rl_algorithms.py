@@ -9,7 +9,8 @@ import optax
 import pytest
 from flax import nnx
 
-from rlscale import models, optim
+from rlscale import models
+from rlscale.rl import optim
 from rlscale.rl.advantages import ADVANTAGES
 from rlscale.rl.losses import (KL_ESTIMATORS, clipped_surrogate, entropy, microbatch_shares,
                                token_weights)

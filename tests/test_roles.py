@@ -1,4 +1,4 @@
-"""Device roles (colocated or split) and overlapped generation (rlscale/roles.py, rl_loop.py)."""
+"""Device roles (colocated or split) and overlapped generation (rlscale/parallel/roles.py, rl_loop.py)."""
 
 import json
 import os
@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlscale import models, roles, sharding
-from rlscale.batch import ConfigError
+from rlscale import models
+from rlscale.parallel import roles
+from rlscale.parallel import sharding
+from rlscale.config.errors import ConfigError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -68,7 +70,8 @@ def test_weight_sync_moves_the_weights_to_the_samplers_mesh_unchanged():
 
 
 def test_overlap_with_recomputed_old_logprobs_is_refused():
-  from rlscale import config_files, config_validation
+  from rlscale.config import files as config_files
+  from rlscale.resolve import validate as config_validation
   cfg = config_files.load(os.path.join(HERE, "..", "configs", "grpo.py:tiny"))
   with cfg.unlocked():
     cfg.rollout.overlap, cfg.rl.old_logprobs = True, "recompute"
@@ -100,7 +103,7 @@ RTOL, ATOL = 1e-4, 1e-6
 
 @pytest.mark.slow
 def test_split_four_plus_four_matches_colocated_eight(tmp_path, grpo_single_process_run):
-  from rlscale import train
+  from rlscale.run import train
   cfg = _variant(grpo_single_process_run.cache_dir, **{
       "mesh.roles": "split", "mesh.sampler_devices": 4, "mesh.shape": (-1, 1, 1),
       "mesh.sampler_shape": (-1, 1, 1)})
@@ -154,7 +157,7 @@ def test_overlapped_generation_trains_one_step_off_policy(tmp_path, grpo_single_
                                                            layout):
   """Step 1 samples with the base either way (the same numbers as on-policy); step 2's
   responses were sampled before step 1's update: lag 1, and other responses."""
-  from rlscale import train
+  from rlscale.run import train
   changes = {"rollout.overlap": True}
   if layout == "split":
     changes.update({"mesh.roles": "split", "mesh.sampler_devices": 4})
@@ -204,7 +207,7 @@ def test_put_by_process_reshards_across_device_sets(src_shape, src_spec, dst_sha
 @pytest.mark.slow
 def test_auto_generation_batch_is_fitted_on_the_samplers_devices_and_recorded(
     tmp_path, grpo_single_process_run):
-  from rlscale import train
+  from rlscale.run import train
   cfg = _variant(grpo_single_process_run.cache_dir, **{
       "rollout.generation_batch": "auto", "mesh.roles": "split", "mesh.sampler_devices": 4})
   summary = train.main(cfg, str(tmp_path / "auto"))

@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlscale import config_common, models, rollout, sharding, tasks
+from rlscale import models, tasks
+from rlscale.config import sections as config_common
+from rlscale.trainer import rollout
+from rlscale.parallel import sharding
 from rlscale.sampling import Rollout, Sampler, SamplingParams, generate
 from rlscale.tasks import Problem
 

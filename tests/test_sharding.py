@@ -7,7 +7,8 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from rlscale import models, sharding
+from rlscale import models
+from rlscale.parallel import sharding
 from rlscale.sampling import Sampler, SamplingParams, generate
 
 MESH_ATOL = 1e-5  # float32 logits and log-probs: only the summation order differs between meshes

@@ -9,7 +9,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "analysis"))
-import stats  # noqa: E402
+from analysis import stats  # noqa: E402
 
 INF = float("inf")
 

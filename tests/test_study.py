@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from rlscale.batch import ConfigError
+from rlscale.config.errors import ConfigError
 from rlscale.sweep import study
 from sweep_helpers import FAKE_RUN, HERE, REPO
 

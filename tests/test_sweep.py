@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from rlscale.batch import ConfigError
+from rlscale.config.errors import ConfigError
 from rlscale.sweep import axes as sw
 from rlscale.sweep import local, points
 from rlscale.sweep import manifest as mf

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from rlscale.batch import ConfigError
+from rlscale.config.errors import ConfigError
 from rlscale.sweep import manifest as mf
 from rlscale.sweep import points, slurm, slurm_config, slurm_queue, slurm_settings
 from sweep_helpers import FAKE_CONFIG, FAKE_RUN, starts, statuses, sweep_cli

@@ -14,7 +14,7 @@ pytest.importorskip("xmanager")
 
 from xmanager import xm, xm_mock  # noqa: E402
 
-from rlscale.batch import ConfigError  # noqa: E402
+from rlscale.config.errors import ConfigError  # noqa: E402
 from rlscale.sweep import manifest as mf  # noqa: E402
 from rlscale.sweep import points  # noqa: E402
 from rlscale.sweep import xm as xm_launcher  # noqa: E402

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from rlscale import rollout, tasks
-from rlscale.config_common import task as task_config
+from rlscale import tasks
+from rlscale.trainer import rollout
+from rlscale.config.sections import task as task_config
 from rlscale.tasks.arithmetic import Arithmetic
 from rlscale.tasks.base import Problem, left_pad, right_pad
 from rlscale.tasks.char_tokenizer import CharTokenizer

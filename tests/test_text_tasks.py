@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 
-from rlscale import rollout, tasks
+from rlscale import tasks
+from rlscale.trainer import rollout
 from rlscale.checkpoints.tokenizer import HFTokenizer
-from rlscale.config_common import task as task_config
+from rlscale.config.sections import task as task_config
 from rlscale.tasks.base import Problem, right_pad
 from rlscale.tasks.text import TextTask
 from tiny_tokenizer import make_tokenizer_folder

@@ -9,9 +9,10 @@ import sys
 
 import pytest
 
-from rlscale import accelerators, config_files
-from rlscale import throughput_calibration as tc
-from rlscale import throughput_model as tm
+from analysis.throughput import accelerators
+from rlscale.config import files as config_files
+from analysis.throughput import calibration as tc
+from analysis.throughput import model as tm
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -197,7 +198,7 @@ def test_a_split_run_calibrates_its_weight_sync(tmp_path, capsys):
 
 def scale_cli():
   sys.path.insert(0, os.path.join(REPO, "analysis"))
-  import scale
+  from analysis import scale
   return scale
 
 
@@ -380,7 +381,7 @@ def test_scale_cli_refuses_a_mistake_in_one_line(tmp_path):
 
 
 def test_published_table_is_predicted():
-  from rlscale.published_scaling import published
+  from analysis.throughput.published import published
   rows = published()
   assert rows and all(r["calibrated"] == (r["chips"] == 8) for r in rows)
   assert all(abs(r["rel_error"]) < 1e-6 for r in rows if r["calibrated"])
@@ -389,7 +390,8 @@ def test_published_table_is_predicted():
 def test_the_accelerator_table_and_the_mfu_peaks_agree():
   """flops.PEAKS (MFU, by jax device_kind) and accelerators.json (the throughput model) state
   the same datasheet peaks for the chips both know."""
-  from rlscale import accelerators, flops
+  from analysis.throughput import accelerators
+  from rlscale.metrics import flops
   table = accelerators.load()
   pairs = {"NVIDIA H100 80GB HBM3": "h100", "NVIDIA H200": "h200",
            "NVIDIA A100-SXM4-80GB": "a100", "TPU v5e": "tpu-v5e", "TPU v5p": "tpu-v5p",

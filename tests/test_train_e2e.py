@@ -6,8 +6,10 @@ import os
 import numpy as np
 import pytest
 
-from rlscale import config_files, loop, train
-from rlscale.checkpointing import Checkpointer
+from rlscale.config import files as config_files
+from rlscale.trainer import loop
+from rlscale.run import train
+from rlscale.checkpoints.checkpointer import Checkpointer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)

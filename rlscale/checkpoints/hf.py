@@ -20,7 +20,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from rlscale import sharding
+from rlscale.parallel import sharding
 from rlscale.checkpoints import safetensors_io
 from rlscale.checkpoints.safetensors_io import CheckpointError
 from rlscale.models import CausalLM, ModelConfig, RopeScaling, YarnScaling, abstract_model

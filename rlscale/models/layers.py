@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 from rlscale.models.config import ModelConfig, YarnScaling
-from rlscale.sharding import constrain
+from rlscale.parallel.sharding import constrain
 
 NEG_INF = float(np.finfo(np.float32).min)
 

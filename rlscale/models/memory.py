@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlscale.models.layers import c, dense
-from rlscale.sharding import constrain
+from rlscale.parallel.sharding import constrain
 
 NEG_INF = float(np.finfo(np.float32).min)
 

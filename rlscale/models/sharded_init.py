@@ -8,7 +8,7 @@ import jax
 from flax import nnx
 from jax.sharding import Mesh
 
-from rlscale import sharding
+from rlscale.parallel import sharding
 from rlscale.models.config import ModelConfig
 
 

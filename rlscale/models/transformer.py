@@ -8,7 +8,7 @@ from flax import nnx
 
 from rlscale.models import memory
 from rlscale.models.config import ModelConfig
-from rlscale.sharding import constrain
+from rlscale.parallel.sharding import constrain
 from rlscale.models.layers import (Block, _param, c, dense, positions_from_mask, rms_norm,
                                    rope_cos_sin, rope_inv_freq)
 

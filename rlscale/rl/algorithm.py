@@ -28,7 +28,7 @@ import jax
 import ml_collections
 from flax import nnx
 
-from rlscale.batch import BatchPlan
+from rlscale.plan.batch import BatchPlan
 from rlscale.rl.registry import Registry
 
 ALGORITHMS = Registry("algorithm")
@@ -94,7 +94,7 @@ def trained_model(ctx: Context, name: str, forward, loss, params, optim_cfg, pro
 def demonstrations(ctx: Context):
   """PPO-ptx's demonstration stream (rl/ptx.py): task.demo_files' rows, else the task's own."""
   import math
-  from rlscale.batch import ConfigError
+  from rlscale.config.errors import ConfigError
   from rlscale.rl import ptx
   cfg, env = ctx.cfg, ctx.env
   errors = ptx.check(cfg.rl, math.lcm(ctx.plan.shards, ctx.plan.processes))

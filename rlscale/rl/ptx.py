@@ -24,7 +24,8 @@ import jax
 import numpy as np
 from absl import logging
 
-from rlscale import distributed, sharding
+from rlscale.parallel import distributed
+from rlscale.parallel import sharding
 from rlscale.rl.update import SequenceBatch
 from rlscale.tasks.base import Problem, Task, left_pad, right_pad, turn_end_id
 

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from rlscale import optim
-from rlscale.batch import ModelBatch
+from rlscale.rl import optim
+from rlscale.plan.batch import ModelBatch
 from rlscale.rl import noise_scale, ptx
 from rlscale.rl.update import TrainState, make_update
 

@@ -22,7 +22,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from rlscale import sharding
+from rlscale.parallel import sharding
 from rlscale.models import memory
 from rlscale.rl.losses import microbatch_shares, token_weights
 
@@ -105,7 +105,7 @@ def response_fn(forward, field: str, mesh: Mesh, rules: sharding.Rules):
   def call(params, batch):
     return fn(params, batch.tokens, batch.mask, batch.resp_mask)
 
-  # The jitted call lowered for a batch, for its memory analysis (rlscale/memory_report.py).
+  # The jitted call lowered for a batch, for its memory analysis (rlscale/metrics/memory_report.py).
   call.lower = lambda params, batch: fn.lower(params, batch.tokens, batch.mask, batch.resp_mask)
   return call
 

@@ -18,7 +18,8 @@ from absl import logging
 from flax import nnx
 from jax.sharding import Mesh
 
-from rlscale import distributed, sharding
+from rlscale.parallel import distributed
+from rlscale.parallel import sharding
 from rlscale.models.layers import c, rms_norm
 from rlscale.sampling import kv_cache
 from rlscale.sampling.sample import SamplingParams, is_eos, row_keys, row_uniforms, sample

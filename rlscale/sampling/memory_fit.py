@@ -7,7 +7,7 @@ per-device bytes fit the budget. Memory grows with the batch among calls that pr
 (see `_search`), so a bisection per prefill group compiles O(log n) of the n candidates.
 Past the critical generation batch (benchmarks/generation_scaling.py) a larger call only adds
 memory, so candidates above MAX_GENERATION_BATCH_PER_DEVICE rows per batch shard
-(rlscale/batch.py) are not tried.
+(rlscale/plan/batch.py) are not tried.
 
 What one call needs per device, from `Compiled.memory_analysis()` (sizes are per device: the
 program XLA compiles is one device's part of the SPMD program):
@@ -40,8 +40,10 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from rlscale import distributed, sharding
-from rlscale.batch import MAX_GENERATION_BATCH_PER_DEVICE, ConfigError, divisors
+from rlscale.parallel import distributed
+from rlscale.parallel import sharding
+from rlscale.config.errors import ConfigError
+from rlscale.plan.batch import MAX_GENERATION_BATCH_PER_DEVICE, divisors
 from rlscale.sampling.decode import Sampler, shared_prefill
 
 SAFETY_FRACTION = 0.9  # of the device's memory: headroom for fragmentation and XLA's runtime

@@ -18,20 +18,20 @@ import sys
 
 from absl import flags, logging
 
-from rlscale import command_line
-from rlscale.batch import ConfigError
-from rlscale.preemption import EXIT_REQUEUE
+from rlscale.run import command_line
+from rlscale.config.errors import ConfigError
+from rlscale.trainer.preemption import EXIT_REQUEUE
 # Their flags; neither imports its cluster's package.
 from rlscale.sweep import slurm, xm  # noqa: F401
 
 LAUNCHERS = ("local", "slurm", "xm")
 
-_FLAGS: dict = {}  # name -> absl flag holder, defined by main(): rlscale.main has --config too
+_FLAGS: dict = {}  # name -> absl flag holder, defined by main(): rlscale.run.main has --config too
 
 
 def define_flags() -> None:
   """The command's flags, defined when it runs (not at import: a process that imports both
-  this and rlscale.main, e.g. a test, would define --config and --workdir twice)."""
+  this and rlscale.run.main, e.g. a test, would define --config and --workdir twice)."""
   if _FLAGS:
     return
   _FLAGS.update(

@@ -25,8 +25,8 @@ import time
 
 from absl import logging
 
-from rlscale import workdir_lock
-from rlscale.batch import ConfigError
+from rlscale.run import workdir_lock
+from rlscale.config.errors import ConfigError
 from rlscale.sweep import manifest as mf
 from rlscale.sweep.points import Point
 
@@ -226,5 +226,5 @@ class LocalLauncher:
 
 
 def _done_marker() -> str:
-  from rlscale import sft
+  from rlscale.trainer import sft_trainer as sft
   return sft.DONE

@@ -22,7 +22,7 @@ import subprocess
 import time
 from typing import Any
 
-from rlscale.batch import ConfigError
+from rlscale.config.errors import ConfigError
 from rlscale.sweep.points import Point
 
 PENDING, RUNNING, DONE, FAILED, PREEMPTED = "pending", "running", "done", "failed", "preempted"
@@ -49,7 +49,7 @@ class Entry:
 def finish(e: "Entry", rc: int | None, stopping: bool) -> None:
   """A point's run ended with exit status `rc` (None: unknown): done when its run directory
   says so, preempted on 75 (or a signal while the launcher stops), else failed with why."""
-  from rlscale.preemption import EXIT_REQUEUE
+  from rlscale.trainer.preemption import EXIT_REQUEUE
   e.returncode = rc
   e.duration_s = round(time.time() - e.started, 1) if e.started is not None else None
   if run_done(e.run_dir) and (rc == 0 or stopping):

@@ -23,8 +23,9 @@ from typing import Any
 
 import ml_collections
 
-from rlscale import config_common, config_files
-from rlscale.batch import ConfigError
+from rlscale.config import sections as config_common
+from rlscale.config import files as config_files
+from rlscale.config.errors import ConfigError
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+=,-]")
 MAX_NAME = 120
@@ -196,7 +197,7 @@ def base_argv(config: str, point: Point, python: str | None = None) -> list[str]
 def base_key(config: str, point: Point) -> str | None:
   """Which base policy the point starts from (points with one key share it); None: a
   Hugging Face checkpoint, nothing to build."""
-  from rlscale import base_policy
+  from rlscale.run import base_policy
   cfg = config_files.load(config)
   with cfg.unlocked():
     for path, value in point.fields.items():

@@ -37,8 +37,8 @@ import time
 
 from absl import logging
 
-from rlscale.batch import ConfigError
-from rlscale.preemption import EXIT_REQUEUE
+from rlscale.config.errors import ConfigError
+from rlscale.trainer.preemption import EXIT_REQUEUE
 from rlscale.sweep import manifest as mf
 from rlscale.sweep.points import Point
 from rlscale.sweep.slurm_queue import QUEUED, JobState, array_spec, job_states
@@ -56,7 +56,7 @@ def _points(n: int) -> str:
 
 
 def _base_built(key: str) -> bool:
-  from rlscale import sft
+  from rlscale.trainer import sft_trainer as sft
   return os.path.exists(os.path.join(key, "policy", sft.DONE))
 
 

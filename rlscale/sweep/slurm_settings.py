@@ -12,7 +12,7 @@ import warnings
 from absl import flags
 from ml_collections import config_flags
 
-from rlscale.batch import ConfigError
+from rlscale.config.errors import ConfigError
 
 DEFAULT_SETTINGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm_config.py")
 

@@ -14,7 +14,7 @@ or an override value "{key}" (the choice of the point's own group, e.g. its p) o
 to the same overrides are run once.
 
 The choice is the value whose *slowest* seed reaches the study's target first (the crossing of
-the monotone fit of each run's evaluations, rlscale/crossing.py; a seed that never reaches it
+the monotone fit of each run's evaluations, rlscale/metrics/crossing.py; a seed that never reaches it
 counts as infinite), then the lower median, then the higher final value, among the stable
 values: those whose median final value is within `band` of the best one's and none of whose
 seeds fell more than `band` below the target after reaching it. Chosen by its median, a rate at
@@ -49,9 +49,10 @@ from typing import Any
 
 from absl import logging
 
-from rlscale import config_files, crossing
-from rlscale.batch import ConfigError
-from rlscale.preemption import EXIT_REQUEUE
+from rlscale.config import files as config_files
+from rlscale.metrics import crossing
+from rlscale.config.errors import ConfigError
+from rlscale.trainer.preemption import EXIT_REQUEUE
 
 FILE = "study.json"
 _REF = re.compile(r"^\{([\w.]+)(?::([^{}]*))?\}$")  # "{lr}" or "{lr:p=2}" as an override value

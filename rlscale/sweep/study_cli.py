@@ -19,9 +19,9 @@ import time
 
 from absl import flags, logging
 
-from rlscale import command_line
-from rlscale.batch import ConfigError
-from rlscale.preemption import EXIT_REQUEUE
+from rlscale.run import command_line
+from rlscale.config.errors import ConfigError
+from rlscale.trainer.preemption import EXIT_REQUEUE
 
 _FLAGS: dict = {}
 

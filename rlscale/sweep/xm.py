@@ -38,8 +38,8 @@ import time
 
 from absl import flags, logging
 
-from rlscale import workdir_lock
-from rlscale.batch import ConfigError
+from rlscale.run import workdir_lock
+from rlscale.config.errors import ConfigError
 from rlscale.sweep import local
 from rlscale.sweep import manifest as mf
 from rlscale.sweep.points import Point, base_key
@@ -132,7 +132,7 @@ def _forget_ended_jobs() -> None:
 
 
 def _built(base: str) -> bool:
-  from rlscale import sft
+  from rlscale.trainer import sft_trainer as sft
   return os.path.exists(os.path.join(base, "policy", sft.DONE))
 
 

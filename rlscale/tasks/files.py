@@ -32,7 +32,7 @@ from typing import Any, Mapping
 import numpy as np
 from absl import logging
 
-from rlscale.batch import ConfigError
+from rlscale.config.errors import ConfigError
 from rlscale.tasks.base import Problem, Tokenizer
 from rlscale.tasks.text import TextTask
 

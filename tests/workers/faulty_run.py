@@ -16,7 +16,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 
 def _arm(where: str, n: int, sig: int) -> None:
-  from rlscale import checkpointing, rl_loop
+  from rlscale.checkpoints import checkpointer as checkpointing
+  from rlscale.trainer import rl_trainer as rl_loop
   from rlscale.rl import trained
   target = {"update": (trained.Trained, "step"), "save": (checkpointing.Checkpointer, "save"),
             "eval": (rl_loop.RLTrainer, "evaluate")}[where]
@@ -40,6 +41,6 @@ if __name__ == "__main__":
   if fault != "none":
     name, where, n = fault.split(":")
     _arm(where, int(n), getattr(signal, f"SIG{name}"))
-  from rlscale import main
+  from rlscale.run import main
   sys.argv = [sys.argv[0]] + argv
   main.run()

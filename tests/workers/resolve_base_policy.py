@@ -14,7 +14,10 @@ import time
 import jax
 from absl import logging
 
-from rlscale import base_policy, config_files, distributed, sft
+from rlscale.run import base_policy
+from rlscale.config import files as config_files
+from rlscale.parallel import distributed
+from rlscale.trainer import sft_trainer as sft
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

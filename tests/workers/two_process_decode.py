@@ -10,7 +10,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rlscale import distributed, models, sharding
+from rlscale import models
+from rlscale.parallel import distributed
+from rlscale.parallel import sharding
 from rlscale.sampling import Sampler, SamplingParams, generate
 
 

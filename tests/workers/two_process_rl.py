@@ -12,7 +12,9 @@ import sys
 import jax
 from absl import logging
 
-from rlscale import config_files, distributed, train
+from rlscale.config import files as config_files
+from rlscale.parallel import distributed
+from rlscale.run import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SFT_ARGS = "optim.warmup_responses=0,train.num_steps=60,train.eval_every=0,train.checkpoint_every=0"

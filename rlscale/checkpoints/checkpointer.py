@@ -1,0 +1,153 @@
+"""Preemption-safe checkpoints with orbax: state, RNG, data position and counters.
+
+A run saves periodically and at the end; re-running the same command in the same workdir
+resumes from the latest intact checkpoint. Saves are asynchronous (the next step runs while
+the files are written); a state is saved only after it was checked finite (rlscale/trainer/loop.py),
+so a NaN never reaches a checkpoint. Every array is checksummed when saved and verified when
+restored (rlscale/checkpoints/checks.py); `restore_latest` falls back past damaged steps, each
+logged in one line (step, array, unreadable or checksum mismatch) and moved to
+`<directory>/damaged/` so that the resumed run can save that step again and the keep limit
+never counts it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from absl import logging
+
+from rlscale.checkpoints import checks
+
+CHECKSUMS = "_checksums"  # the meta key of the arrays' checksums; refused in a caller's meta
+
+
+class CheckpointDamaged(Exception):
+  """A saved step that cannot be used: an array is unreadable or fails its checksum."""
+
+  def __init__(self, step: int, array: str, problem: str):
+    self.step, self.array, self.problem = step, array, problem
+    super().__init__(f"checkpoint step {step} is damaged: {array}: {problem}")
+
+
+class Checkpointer:
+  def __init__(self, directory: str, keep: int = 2, async_save: bool = True):
+    self.directory = os.path.abspath(directory)
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                           enable_async_checkpointing=async_save)
+    self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+    """Start saving `state` (a pytree of arrays) and `meta` (JSON) as `step`.
+
+    The checksums are computed before this returns (on several processes with one all-gather,
+    so every process calls it, as orbax requires anyway); the files are written in the
+    background when saves are asynchronous.
+    """
+    if CHECKSUMS in meta:
+      raise ValueError(f"meta key {CHECKSUMS!r} is reserved for the checkpoint's checksums")
+    meta = {**meta, CHECKSUMS: checks.checksums(state)}
+    self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                     meta=ocp.args.JsonSave(meta)), force=True)
+
+  def restore(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
+    """State with the shapes, dtypes and shardings of `like`, and the saved meta.
+
+    Raises CheckpointDamaged (on every process alike) when a file of `step` is unreadable or an
+    array does not match its checksum, and ValueError when `like` asks for other arrays or
+    shapes than the step holds (a changed model or config, not damage).
+    """
+    if step not in self._manager.all_steps():
+      raise FileNotFoundError(f"no checkpoint of step {step} in {self.directory}")
+    path = ocp.step.find_step_path(self.directory, ocp.step.standard_name_format(), step=step)
+    state, meta, saved, shards = None, {}, None, []
+    # Orbax's handlers directly, not CheckpointManager.restore: the manager ends its restore
+    # with a barrier that a process whose read failed never reaches, so the others would wait
+    # there instead of agreeing (in checks.agree) to fall back together.
+    handler = ocp.StandardCheckpointHandler()
+    verdict = checks.Verdict()
+    try:
+      with verdict.reading("meta"):
+        meta = dict(ocp.JsonCheckpointHandler().restore(path / "meta", args=ocp.args.JsonRestore()))
+        saved = meta.pop(CHECKSUMS, None)
+      if verdict.ok:
+        with verdict.reading("state metadata"):
+          tree = handler.metadata(path / "state").tree
+          leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+          held = {getattr(m, "name", None) or checks.array_name(p): tuple(getattr(m, "shape", ()))
+                  for p, m in leaves}
+      if verdict.ok:
+        verdict.mismatch = checks.mismatch(held, like)
+      if verdict.ok:
+        with verdict.reading("state"):
+          abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+          state = handler.restore(path / "state", args=ocp.args.StandardRestore(abstract))
+      if verdict.ok and saved is not None:
+        (verdict.array, verdict.problem), shards = checks.verify(state, saved)
+    finally:
+      handler.close()
+    if verdict.read_failed:
+      checks.quiet_late_reads()
+    kind, array, problem = checks.agree(verdict)
+    if kind == "mismatch":
+      raise ValueError(f"checkpoint step {step} in {self.directory} does not hold what the "
+                       f"restore asks for: {problem}")
+    if kind == "damaged":
+      raise CheckpointDamaged(step, array, problem)
+    if saved is None:
+      logging.warning("checkpoint step %d in %s has no checksums (saved before they were "
+                      "written); restored without verification", step, self.directory)
+    else:
+      unchecked = checks.unchecked(shards)
+      if unchecked:
+        logging.warning("checkpoint step %d: %d saved shard(s) could not be verified in this "
+                        "layout (%s)", step, len(unchecked), ", ".join(unchecked[:5]))
+    return state, meta
+
+  def restore_latest(self, like: Any) -> tuple[int | None, Any, dict[str, Any]]:
+    """The newest intact step: (step, state, meta), or (None, None, {}) when there is none.
+
+    A damaged step gets one warning line naming the array and the damage, and is moved to
+    `<directory>/damaged/` (so the resumed run can save that step number again); the next
+    older step is tried.
+    """
+    steps = sorted(self._manager.all_steps(), reverse=True)
+    for i, step in enumerate(steps):
+      try:
+        state, meta = self.restore(step, like)
+        return step, state, meta
+      except CheckpointDamaged as e:
+        moved = self._set_aside(step)
+        then = f"trying step {steps[i + 1]}" if i + 1 < len(steps) else "no older step is left"
+        logging.warning("%s; moved to %s; %s", e, moved, then)
+    return None, None, {}
+
+  def _set_aside(self, step: int) -> str:
+    """Move a damaged step out of the manager's view; the files stay for inspection."""
+    dest = os.path.join(self.directory, "damaged")  # what the other processes can name
+    if jax.process_index() == 0:
+      path = ocp.step.find_step_path(self.directory, ocp.step.standard_name_format(), step=step)
+      base = os.path.join(dest, f"{step}-{time.strftime('%Y%m%dT%H%M%S')}")
+      dest, n = base, 1
+      while os.path.exists(dest):
+        dest, n = f"{base}.{n}", n + 1
+      os.makedirs(os.path.dirname(dest), exist_ok=True)
+      os.rename(path, dest)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      multihost_utils.sync_global_devices(f"rlscale checkpoint set aside {step}")
+    self._manager.reload()
+    return dest
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()

@@ -1,0 +1,411 @@
+"""The batch plan: every size of a step, derived once from the config.
+
+A batch-size study varies one quantity, so one object owns it. `plan(cfg)` reads the config
+and the mesh and returns a `BatchPlan`; the loop, the algorithms, the optimizer's scaling rule,
+the noise-scale report and the analysis scripts read their sizes from it and from nowhere
+else. Its checks are the config's size errors: each names the field, its value and what is
+allowed, before anything is compiled.
+
+Units (DESIGN.md): an RL step samples P prompts x G responses; each trained model cuts them
+into `num_minibatches` optimizer steps per epoch over `num_epochs` epochs, and runs each
+mini-batch in passes of `microbatch` rows. The batch B of a run, the one the learning-rate
+rules, B_simple and every figure use, is the actor's responses per optimizer step,
+P x G / num_minibatches (also given in prompts, B / G).
+
+`microbatch` and `generation_batch` may be "auto": the plan picks a divisor for memory and
+speed and says which (see `auto_microbatch`, `auto_generation_batch`). On a run's mesh
+(`plan_for`) the micro-batch's tokens are also bounded by memory (`TrainMemory`): an estimate
+of a training pass's activation bytes per token against what the device has left once the
+parameters, gradients and optimizer moments are resident.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+from rlscale.config.errors import ConfigError
+
+AUTO = "auto"
+
+# Rows of one forward/backward pass per device, at most. Small passes are faster on CPUs
+# (one pass of 512 responses takes ~1.8x the time of eight passes of 64: caches), and on
+# accelerators the bound below in tokens is the one that binds for real sequence lengths.
+MAX_MICRO_ROWS_PER_DEVICE = 64
+# Tokens of one pass per device, at most: activations of a pass grow with its tokens (the
+# float32 logits alone are tokens x vocab x 4 bytes, twice with their gradient).
+MAX_MICRO_TOKENS_PER_DEVICE = 16384
+# Responses of one compiled decode call, at most: past the critical generation batch a
+# larger call only adds KV-cache memory (benchmarks/generation_scaling.py).
+MAX_GENERATION_BATCH_PER_DEVICE = 1024
+# KV-cache bytes of one decode call per device, at most.
+MAX_KV_CACHE_BYTES_PER_DEVICE = 4 << 30
+# Memory of a host whose devices report none (CPU), shared by its local devices: the
+# activation budget of the automatic micro-batch there (the issue-15 benchmark's 12 GB bound).
+CPU_MEMORY_BYTES = 12 << 30
+# Of the device's memory, the share a training pass may plan for: headroom for fragmentation,
+# XLA's runtime and what the estimate leaves out.
+MEMORY_FRACTION = 0.9
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelBatch:
+  """How one trained model (the actor, PPO's critic, the SFT policy) consumes a step."""
+  name: str
+  minibatch: int  # rows per optimizer step
+  num_minibatches: int  # optimizer steps per epoch
+  num_epochs: int  # passes over the step's rows
+  microbatch: int  # rows per forward/backward pass
+  microbatch_auto: bool  # chosen by the plan
+  microbatch_bound: str = ""  # auto: what bounded the choice (row cap, token cap, memory, ...)
+
+  @property
+  def optimizer_steps(self) -> int:
+    """Optimizer steps per step of the run."""
+    return self.num_minibatches * self.num_epochs
+
+  @property
+  def num_micro(self) -> int:
+    """Passes per mini-batch."""
+    return self.minibatch // self.microbatch
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPlan:
+  num_prompts: int  # P per step (SFT: demonstrations per step)
+  group_size: int  # G (SFT: 1)
+  generation_batch: int  # responses per compiled decode call (0: no sampling, SFT)
+  num_steps: int  # steps of the run
+  models: Mapping[str, ModelBatch]  # by name: "actor" (and "critic"), or "policy" for SFT
+  shards: int  # batch shards of the mesh
+  processes: int
+  memory: "TrainMemory | None" = None  # the memory bound of auto micro-batches, when known
+
+  @property
+  def responses(self) -> int:
+    """Responses (rows) per step: P x G."""
+    return self.num_prompts * self.group_size
+
+  @property
+  def total_responses(self) -> int:
+    return self.num_steps * self.responses
+
+  @property
+  def main(self) -> ModelBatch:
+    """The model whose batch is the run's: the actor (the policy for SFT)."""
+    return self.models.get("actor") or next(iter(self.models.values()))
+
+  @property
+  def batch(self) -> int:
+    """B: responses per optimizer step of the actor, the run's batch size (DESIGN.md)."""
+    return self.main.minibatch
+
+  @property
+  def batch_prompts(self) -> float:
+    """B in prompts: B / G."""
+    return self.batch / self.group_size
+
+  def describe(self) -> dict[str, Any]:
+    """The plan as JSON-able numbers (written to summary.json, read by analysis)."""
+    out = {"num_prompts": self.num_prompts, "group_size": self.group_size,
+           "responses_per_step": self.responses, "batch": self.batch,
+           "batch_prompts": self.batch_prompts, "generation_batch": self.generation_batch,
+           "num_steps": self.num_steps, "total_responses": self.total_responses,
+           "batch_shards": self.shards, "processes": self.processes}
+    for name, m in self.models.items():
+      out[name] = {"minibatch": m.minibatch, "num_minibatches": m.num_minibatches,
+                   "num_epochs": m.num_epochs, "microbatch": m.microbatch,
+                   "microbatch_auto": m.microbatch_auto,
+                   "optimizer_steps_per_step": m.optimizer_steps}
+      if m.microbatch_bound:
+        out[name]["microbatch_bound"] = m.microbatch_bound
+    if self.memory is not None:
+      out["train_memory"] = self.memory.describe()
+    return out
+
+  def summary_line(self) -> str:
+    parts = [f"P={self.num_prompts} x G={self.group_size} = {self.responses} responses/step",
+             f"B={self.batch} responses ({self.batch_prompts:g} prompts) per optimizer step",
+             f"{self.num_steps} steps"]
+    if self.generation_batch:
+      parts.append(f"generation batch {self.generation_batch}")
+    for m in self.models.values():
+      auto = f" (auto: {m.microbatch_bound})" if m.microbatch_bound else (
+          " (auto)" if m.microbatch_auto else "")
+      parts.append(f"{m.name}: {m.num_minibatches} x {m.minibatch} rows, {m.num_epochs} "
+                   f"epoch(s), micro-batch {m.microbatch}{auto}")
+    if self.memory is not None:
+      parts.append(self.memory.summary_line())
+    return "; ".join(parts)
+
+
+def divisors(n: int) -> list[int]:
+  return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def micro_rows_cap(seq_len: int, memory_tokens: int | None = None) -> tuple[int, str]:
+  """Rows of one pass per device at most, and which bound set it: MAX_MICRO_ROWS_PER_DEVICE
+  ("row cap"), MAX_MICRO_TOKENS_PER_DEVICE ("token cap") or `memory_tokens`, the tokens
+  per device the memory estimate allows ("memory"; None: unknown)."""
+  seq = max(seq_len, 1)
+  caps = [(MAX_MICRO_ROWS_PER_DEVICE, "row cap"), (MAX_MICRO_TOKENS_PER_DEVICE // seq, "token cap")]
+  if memory_tokens is not None:
+    caps.append((memory_tokens // seq, "memory"))
+  rows, bound = min(caps, key=lambda cb: cb[0])
+  return max(1, rows), bound
+
+
+def auto_microbatch(minibatch: int, shards: int, seq_len: int, need_two: bool,
+                    memory_tokens: int | None = None) -> int | None:
+  """The largest divisor of the mini-batch that splits over the batch shards, keeps a pass
+  within `micro_rows_cap` rows per device (the row and token caps, and the memory bound when
+  given), and leaves two or more passes when the noise scale needs them (None if none does)."""
+  rows, _ = micro_rows_cap(seq_len, memory_tokens)
+  fits = [d for d in divisors(minibatch) if d % shards == 0 and (not need_two or d < minibatch)]
+  small = [d for d in fits if d <= rows * shards]
+  return max(small) if small else (min(fits) if fits else None)
+
+
+def _micro_bound(micro: int, minibatch: int, shards: int, seq_len: int, need_two: bool,
+                 memory_tokens: int | None) -> str:
+  """What bounded an automatic micro-batch, in words for the plan's line."""
+  rows, bound = micro_rows_cap(seq_len, memory_tokens)
+  if micro > rows * shards:
+    return f"{bound}, exceeded: no smaller divisor splits over the shards"
+  if micro == minibatch:
+    return "whole mini-batch"
+  if need_two and minibatch <= rows * shards:
+    return "two passes for the noise scale"
+  return bound
+
+
+def auto_generation_batch(responses: int, unit: int, kv_bytes_per_row: int) -> int:
+  """The largest divisor of the step's responses that splits over `unit` (batch shards x
+  processes) and keeps a decode call within the per-device row and KV-cache bounds, so that
+  no call is padded; the whole step when it fits."""
+  per_device = max(1, min(MAX_GENERATION_BATCH_PER_DEVICE,
+                          MAX_KV_CACHE_BYTES_PER_DEVICE // max(kv_bytes_per_row, 1)))
+  fits = [d for d in divisors(responses) if d % unit == 0]
+  small = [d for d in fits if d <= per_device * unit]
+  return max(small) if small else min(fits)
+
+
+def _int(errors: list[str], field: str, value: Any, auto: bool = False) -> int:
+  if auto and value == AUTO:
+    return 0
+  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    allowed = "a positive integer or 'auto'" if auto else "a positive integer"
+    errors.append(f"{field}={value!r} must be {allowed}")
+    return 0
+  return value
+
+
+def _model(errors, name, prefix, section, rows, shards, seq_len, noise,
+           memory: "TrainMemory | None" = None) -> ModelBatch | None:
+  """A model's mini- and micro-batches from its config section (rl or critic)."""
+  n_mb = _int(errors, f"{prefix}.num_minibatches", section["num_minibatches"])
+  epochs = _int(errors, f"{prefix}.num_epochs", section["num_epochs"])
+  micro = _int(errors, f"{prefix}.microbatch", section["microbatch"], auto=True)
+  if not (n_mb and epochs and rows) or errors:
+    return None
+  if rows % n_mb:
+    what = "sft.batch_size" if prefix == "sft" else "P*G responses per step"
+    errors.append(f"{prefix}.num_minibatches={n_mb} does not divide {what} ({rows}); "
+                  f"divisors: {divisors(rows)}")
+    return None
+  label = "the mini-batch" if name in ("actor", "policy") else f"the {name}'s mini-batch"
+  minibatch = rows // n_mb
+  auto = section["microbatch"] == AUTO
+  bound = ""
+  if auto:
+    mem_tokens = memory.max_tokens(name) if memory is not None else None
+    micro = auto_microbatch(minibatch, shards, seq_len, noise, mem_tokens)
+    if micro is None:
+      errors.append(f"{prefix}.microbatch='auto': no divisor of the mini-batch ({minibatch} rows) "
+                    f"splits over {shards} batch shards" + (" in two or more passes (the noise "
+                    "scale needs them; set noise.enabled=False)" if noise else ""))
+      return None
+    bound = _micro_bound(micro, minibatch, shards, seq_len, noise, mem_tokens)
+  elif minibatch % micro:
+    source = "sft.batch_size" if prefix == "sft" else f"{rows} / {prefix}.num_minibatches"
+    errors.append(f"{prefix}.microbatch={micro} does not divide {label} ({minibatch} rows "
+                  f"= {source}); divisors: {divisors(minibatch)}")
+  elif micro % shards:
+    errors.append(f"{prefix}.microbatch={micro} must split over {shards} batch shards (the "
+                  f"mesh's batch axes)")
+  elif noise and minibatch // micro < 2:
+    errors.append(f"{prefix}.microbatch={micro} leaves one pass per mini-batch ({minibatch} "
+                  f"rows): the noise scale needs two or more; lower it, set it to 'auto', or set "
+                  f"noise.enabled=False")
+  return ModelBatch(name, minibatch, n_mb, epochs, micro, auto, bound)
+
+
+def _steps(errors: list[str], train: Mapping[str, Any], per_step: int) -> int:
+  total = train.get("total_responses", 0) or 0
+  if total:
+    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+      errors.append(f"train.total_responses={total!r} must be a positive integer (or 0: run "
+                    f"train.num_steps steps)")
+      return 0
+    if per_step and total % per_step:
+      errors.append(f"train.total_responses={total} is not a whole number of steps of "
+                    f"{per_step} responses")
+    return total // per_step if per_step else 0
+  return _int(errors, "train.num_steps", train["num_steps"])
+
+
+def plan(cfg: Mapping[str, Any], *, shards: int = 1, processes: int = 1, seq_len: int = 0,
+         kv_bytes_per_row: int = 0, gen_shards: int | None = None,
+         memory: "TrainMemory | None" = None) -> BatchPlan:
+  """The plan of `cfg` (a ConfigDict or the dict of a run's config.json) on a mesh with
+  `shards` batch shards over `processes` processes; `gen_shards` are the sampler's batch
+  shards when it has a mesh of its own (mesh.roles='split'), else the trainer's.
+
+  `seq_len` (prompt + response tokens), `kv_bytes_per_row` (the KV cache of one response) and
+  `memory` (the activation bound of a training pass) size the automatic choices; 0 or None
+  means unknown. Raises ConfigError naming every bad field.
+  """
+  errors: list[str] = []
+  kind = cfg["kind"]
+  noise = bool(cfg.get("noise", {}).get("enabled", False))
+  if kind == "sft":
+    s = cfg["sft"]
+    rows = _int(errors, "sft.batch_size", s["batch_size"])
+    section = {"num_minibatches": 1, "num_epochs": 1, "microbatch": s["microbatch"]}
+    models = {"policy": _model(errors, "policy", "sft", section, rows, shards, seq_len, False,
+                               memory)}
+    p, g, gen = rows, 1, 0
+  else:
+    r = cfg["rl"]
+    p = _int(errors, "rl.num_prompts", r["num_prompts"])
+    g = _int(errors, "rl.group_size", r["group_size"])
+    rows = p * g
+    models = {"actor": _model(errors, "actor", "rl", r, rows, shards, seq_len, noise, memory)}
+    if "critic" in cfg:
+      models["critic"] = _model(errors, "critic", "critic", cfg["critic"], rows, shards, seq_len,
+                                noise, memory)
+    gen = _generation_batch(errors, cfg["rollout"]["generation_batch"], rows,
+                            (gen_shards or shards) * processes, kv_bytes_per_row)
+  if p and p % processes:
+    errors.append(f"{'sft.batch_size' if kind == 'sft' else 'rl.num_prompts'}={p} must split "
+                  f"over {processes} processes")
+  steps = _steps(errors, cfg["train"], rows)
+  from rlscale.models import memory as train_memory  # train.remat, train.logprob_chunk
+  errors += train_memory.check(cfg["train"])
+  if errors:
+    raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+  return BatchPlan(p, g, gen, steps, models, shards, processes, memory)
+
+
+def _generation_batch(errors, value, rows: int, unit: int, kv_bytes_per_row: int) -> int:
+  if value == AUTO:
+    return auto_generation_batch(rows, unit, kv_bytes_per_row) if rows and rows % unit == 0 else 0
+  value = _int(errors, "rollout.generation_batch", value, auto=True)
+  if value and value % unit:
+    errors.append(f"rollout.generation_batch={value} must split over {unit} batch shards x "
+                  f"processes")
+  return min(value, rows)
+
+
+def batch_shards(mesh_shape, rules, device_count: int) -> int:
+  """Batch shards of a mesh of `mesh_shape` (one -1 allowed) over `device_count` devices."""
+  from rlscale.parallel import sharding
+  shape = [int(s) for s in mesh_shape]
+  if -1 in shape:
+    shape[shape.index(-1)] = device_count // max(1, math.prod(s for s in shape if s != -1))
+  axes = rules.get("batch") or ()
+  axes = axes if isinstance(axes, tuple) else (axes,)
+  return math.prod(dict(zip(sharding.MESH_AXES, shape))[a] for a in axes)
+
+
+def plan_for(cfg, env) -> BatchPlan:
+  """The plan of a run on its mesh, with the task's sequence length, the model's KV cache and
+  the training pass's memory (`train_memory`) sizing the automatic choices."""
+  import jax
+  from rlscale.parallel import sharding
+  seq_len = env.task.max_prompt_len + cfg.rollout.max_new_tokens if "rollout" in cfg else 0
+  m = env.model_cfg
+  kv_bytes = 0
+  if seq_len:
+    itemsize = 2 if cfg.model.dtype in ("bfloat16", "float16") else 4
+    kv_bytes = 2 * m.num_layers * m.num_kv_heads * m.head_dim * seq_len * itemsize
+  seq_len = seq_len or env.task.max_prompt_len + env.task.max_answer_len
+  mem = None
+  from rlscale.models import memory as train_memory
+  if not train_memory.check(cfg.train):  # a bad field is the plan's error, below
+    mem = train_memory_of(cfg, m, seq_len, env.mesh)
+  return plan(cfg, shards=sharding.batch_divisor(env.mesh, env.rules),
+              processes=jax.process_count(), seq_len=seq_len, kv_bytes_per_row=kv_bytes,
+              gen_shards=sharding.batch_divisor(env.meshes.sampler, env.rules), memory=mem)
+
+
+# --- the memory bound of a training pass (plan_for) ---
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainMemory:
+  """Activation bytes per token of each trained model's pass against a per-device budget."""
+  bytes_per_token: Mapping[str, int]  # by model name: actor / critic / policy
+  budget: int  # bytes per device for a pass's activations (device memory - resident state)
+  resident: int  # bytes per device of parameters, gradients and optimizer moments
+  source: str  # where the device's memory figure came from
+
+  def max_tokens(self, name: str) -> int:
+    """Tokens of one pass per device that fit the budget (0 when the state alone does not)."""
+    return max(self.budget, 0) // max(self.bytes_per_token.get(name, 1), 1)
+
+  def describe(self) -> dict[str, Any]:
+    return {"bytes_per_token": dict(self.bytes_per_token), "budget": self.budget,
+            "resident": self.resident, "source": self.source}
+
+  def summary_line(self) -> str:
+    per = ", ".join(f"{k} {v / 2**10:.0f} KiB" for k, v in self.bytes_per_token.items())
+    return (f"training pass ~{per} of activations per token against {self.budget / 2**30:.2f} "
+            f"GiB per device ({self.source}, less {self.resident / 2**30:.2f} GiB of state)")
+
+
+def device_memory() -> tuple[int, str]:
+  """Bytes of one device's memory and where the figure comes from: the device's bytes_limit
+  where JAX reports it (GPU, TPU), else CPU_MEMORY_BYTES shared by the host's local devices."""
+  import jax
+  dev = jax.local_devices()[0]
+  stats = dev.memory_stats() or {}
+  if "bytes_limit" in stats:
+    return int(stats["bytes_limit"]), f"{dev.platform} bytes_limit x {MEMORY_FRACTION}"
+  n = jax.local_device_count()
+  return (CPU_MEMORY_BYTES // n, f"CPU default {CPU_MEMORY_BYTES / 2**30:g} GiB per host / "
+          f"{n} devices x {MEMORY_FRACTION}")
+
+
+def train_memory_of(cfg, model_cfg, seq_len: int, mesh) -> TrainMemory:
+  """The memory bound of the run's training passes (models/memory.py has the estimate).
+
+  Resident per device: every trained model's state (models/memory.state_bytes) plus a frozen
+  copy of the policy for a KL reference (rl.kl_coef) or a proximal policy (rl.prox_com),
+  sharded over the model axes (fsdp x tensor). The budget is the device's memory x
+  MEMORY_FRACTION less that; each model's passes take it in turn.
+  """
+  from rlscale.models import memory
+  train = cfg.train
+  remat, chunk = train.get("remat", "none"), train.get("logprob_chunk", 0)
+  pd = cfg.model.param_dtype
+  policy = model_cfg.num_params()
+  resident = memory.state_bytes(policy, pd, cfg.optim.get("state_dtype", ""))
+  per_token = {}
+  if cfg.kind == "sft":
+    per_token["policy"] = memory.activation_bytes_per_token(model_cfg, seq_len, remat, chunk)
+  else:
+    per_token["actor"] = memory.activation_bytes_per_token(model_cfg, seq_len, remat, chunk)
+    copies = bool(cfg.rl.get("kl_coef", 0.0)) + bool(cfg.rl.get("prox_com", 0.0))
+    resident += copies * memory.state_bytes(policy, pd, trained=False)
+  if "critic" in cfg:
+    head = 0 if model_cfg.tie_embeddings else model_cfg.vocab_size * model_cfg.d_model
+    critic = policy - head + model_cfg.d_model + 1
+    resident += memory.state_bytes(critic, pd, cfg.critic.optim.get("state_dtype", ""))
+    per_token["critic"] = memory.activation_bytes_per_token(model_cfg, seq_len, remat, chunk,
+                                                            head=False)
+  model_shards = mesh.shape.get("fsdp", 1) * mesh.shape.get("tensor", 1)
+  resident //= model_shards
+  limit, source = device_memory()
+  return TrainMemory(per_token, int(limit * MEMORY_FRACTION) - resident, resident, source)

@@ -1,0 +1,132 @@
+"""The command line: `rlscale --config=configs/grpo.py [--workdir=DIR] [--config.x=y]`.
+
+Also `python -m rlscale` and, in a checkout, `python launch/main.py`, with the same flags.
+`--config` names a file as ml_collections expects, or a shipped config (`configs/grpo.py:tiny`,
+`grpo.py`, `rlscale.configs.grpo`) found by rlscale.config.files from any directory.
+
+A user's mistake (a config field, a flag, a path) is refused before any compute as one line,
+`error: <message>` on stderr with exit status 2; `--verbose` shows the Python traceback too.
+A SIGTERM or SIGUSR2 (preemption) stops the run at the next step boundary with that step saved,
+one line on stderr and exit status 75 (preemption.EXIT_REQUEUE): run the same command again
+to resume.
+"""
+
+import difflib
+import re
+import sys
+
+import ml_collections
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from rlscale.run import command_line
+from rlscale.config import files as config_files
+from rlscale.trainer import preemption
+from rlscale.config.errors import ConfigError
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "run directory (default: runs/<config>-<hash>)")
+flags.DEFINE_bool("verbose", False, "on a config or command-line error, show the traceback too")
+_BASE_ONLY = flags.DEFINE_bool("base_policy_only", False, "build (or find) the base policy the "
+                                "run starts from, then stop: a sweep does it once for its points")
+_ALLOW = flags.DEFINE_list("allow_config_change", [], "fields a resumed run may change, e.g. "
+                           "train.num_steps to extend it (the others must match config.json)")
+
+
+def main(argv):
+  del argv
+  preemption.install()  # SIGTERM, SIGUSR2: finish the step, save it, exit with EXIT_REQUEUE
+  # After absl parsed flags: JAX starts here.
+  from rlscale.parallel import distributed
+  from rlscale.run import logs
+  from rlscale.run import train
+  logs.quiet_libraries()
+  distributed.initialize()
+  import jax
+  logging.info("process %d of %d, %d local devices of %d (%s)", jax.process_index(),
+               jax.process_count(), jax.local_device_count(), jax.device_count(),
+               jax.default_backend())
+  train.main(_CONFIG.value, _WORKDIR.value, config_file=flags.FLAGS["config"].config_filename,
+             allow_config_change=tuple(_ALLOW.value), base_policy_only=_BASE_ONLY.value)
+
+
+def _located(value: str) -> str:
+  path, arg = config_files.find(value)
+  if path == value.partition(":")[0]:
+    return value  # a file here, as written: train.main sees the same config_file as before
+  return path + (":" + arg if arg else "")
+
+
+def _config_values(argv: list[str]):
+  """(index, text before the value, value) of each `--config` value in argv."""
+  for i, a in enumerate(argv):
+    if re.match(r"--?config=", a):
+      yield i, a.partition("=")[0] + "=", a.partition("=")[2]
+    elif a in ("--config", "-config") and i + 1 < len(argv):
+      yield i + 1, "", argv[i + 1]
+
+
+def locate_config(argv: list[str]) -> list[str]:
+  """argv with each `--config` value made a path that config_flags can open from here."""
+  out = list(argv)
+  for i, before, value in _config_values(argv):
+    out[i] = before + _located(value)
+  return out
+
+
+def check_overrides(argv: list[str]) -> None:
+  """Load the config as config_flags will and refuse an override that names no field.
+
+  config_flags reports a typo (`--config.rl.num_promts=3`) as a chained traceback; here it is
+  one line naming the flag, with the nearest field or the fields there are.
+  """
+  specs = [value for _, _, value in _config_values(argv)]
+  if not specs:
+    raise ConfigError("--config is required: an experiment config file, e.g. "
+                      "--config=configs/grpo.py or --config=configs/grpo.py:tiny")
+  spec = specs[-1]  # absl keeps the last
+  try:
+    cfg = config_files.load(spec)
+  except FileNotFoundError as e:
+    raise ConfigError(f"--config: {e}") from e
+  except Exception as e:  # the config file's own error (an unknown variant, a typo in it)
+    raise ConfigError(f"--config={spec}: {type(e).__name__}: {e}") from e
+  for a in argv[1:]:
+    m = re.match(r"--?config\.([^=]+)", a)
+    if not m:
+      continue
+    path = [re.sub(r"\[.*\]$", "", p) for p in m.group(1).split(".")]
+    node = cfg
+    for depth, name in enumerate(path):
+      where = ".".join(path[:depth])
+      if not isinstance(node, ml_collections.ConfigDict):
+        raise ConfigError(f"--config.{m.group(1)}: {where}={node!r} is a value, not a section")
+      if name not in node:
+        fields = sorted(node.keys())
+        close = difflib.get_close_matches(name, fields, n=1)
+        hint = (f"did you mean --config.{'.'.join(path[:depth] + close)}?" if close else
+                f"its fields: {', '.join(fields)}")
+        raise ConfigError(f"--config.{m.group(1)}: {where or 'the config'} has no field "
+                          f"{name!r}; {hint}")
+      node = node[name]
+
+
+def run() -> None:
+  """The console script `rlscale`."""
+  verbose = command_line.verbose(sys.argv)
+  try:
+    try:
+      argv = locate_config(sys.argv)
+    except FileNotFoundError as e:
+      raise ConfigError(f"--config: {e}") from e
+    check_overrides(argv)
+    app.run(main, argv=argv, flags_parser=command_line.parse_flags)
+  except ConfigError as e:
+    if verbose:
+      raise
+    print(command_line.one_line(e), file=sys.stderr)
+    sys.exit(2)
+  except preemption.Preempted as e:  # the step in flight is saved: start the same command again
+    print(e, file=sys.stderr)
+    sys.exit(preemption.EXIT_REQUEUE)

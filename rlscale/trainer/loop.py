@@ -1,0 +1,238 @@
+"""The loop every trainer shares (SFT and RL): steps, evaluation, checkpoints, metrics.
+
+A trainer says what one step is; the loop does the rest once: resume from the latest
+checkpoint in the workdir, evaluate at step or sample-axis marks, save, fetch a step's device
+metrics only after the next step was dispatched (STYLE.md 6), stop on a non-finite metric
+before it reaches a checkpoint, track the target, and keep per-phase times that add up to
+the step. An interrupted run (an exception, Ctrl-C, SIGTERM) still completes the saves it
+began.
+
+A trainer has: `state()` (the checkpointed arrays) and `load(state, meta)`, `meta()` (its
+host state, JSON), `counters` (a dict of sample-axis counts it keeps), `sample_key` (the
+counter that is the sample axis, e.g. responses_seen) and `samples_per_step`,
+`begin(step)` (dispatch what needs no host sync, e.g. the decode), `complete(step, begun,
+t_start) -> Pending` (the rest of the step, its update dispatched), `metrics(pending, fetched)`
+and `rates(pending, wall)` (host metrics of a finished step), `evaluate(step)`, `progress(row)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+
+from rlscale.trainer import preemption
+from rlscale.checkpoints.checkpointer import Checkpointer
+from rlscale.metrics.writer import MetricsWriter, Progress
+
+
+class NonFiniteError(FloatingPointError):
+  pass
+
+
+@dataclasses.dataclass
+class Pending:
+  """A step whose update was dispatched and whose metrics are not yet on the host.
+
+  Step N lasts from the end of step N-1's bookkeeping (`t_start`) to the end of its own; its
+  phases lie inside that span and `time/other` is the remainder. `update_phase` is the time
+  from `t_update` until the metrics arrive, less the `update_phases` measured inside it.
+  """
+  step: int
+  device: Any  # metrics still on the device: {group: {name: scalar}}
+  host: dict[str, Any]  # metrics known on the host already
+  phases: dict[str, float]
+  t_start: float
+  t_update: float
+  update_phase: str = "update"
+  update_phases: dict[str, float] = dataclasses.field(default_factory=dict)
+  info: Any = None  # the trainer's own
+
+
+def _non_finite(fetched: dict[str, Any]) -> list[str]:
+  return [f"{group}/{k}={v}" for group, m in fetched.items() for k, v in m.items()
+          if not np.isfinite(v)]
+
+
+@jax.jit
+def _finite_leaves(state):
+  return jax.tree.map(lambda x: jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact)
+                      else jnp.bool_(True), state)
+
+
+def non_finite_leaves(state) -> list[str]:
+  """Paths of the state's arrays that hold a NaN or an Inf (one boolean per array fetched)."""
+  flags = jax.device_get(_finite_leaves(state))
+  return [jax.tree_util.keystr(path) for path, ok in jax.tree_util.tree_flatten_with_path(flags)[0]
+          if not ok]
+
+
+class Loop:
+  def __init__(self, trainer, cfg: ml_collections.ConfigDict, workdir: str, num_steps: int,
+               eval_at_start: bool):
+    self.trainer, self.cfg, self.workdir = trainer, cfg, workdir
+    self.steps, self.eval_at_start = num_steps, eval_at_start
+    t = cfg.train
+    self.ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), t.keep_checkpoints,
+                             t.async_checkpoint)
+    self.target = cfg.get("target")
+    self.counters: dict[str, Any] = {"step": 0, "wall_time": 0.0, "seed": cfg.seed}
+    self.last_eval: dict[str, float] = {}
+    self.metrics_rows: str | None = None
+    self.steps_run = 0
+    self.save_seconds: float | None = None  # reported as time/checkpoint of the next step
+
+  # --- schedule ---
+
+  def _due(self, every: int, step: int) -> bool:
+    return step == self.steps or bool(every and step % every == 0)
+
+  def eval_due(self, step: int) -> bool:
+    e = self.cfg.train.get("eval_every_responses", 0)
+    if e:  # at fixed sample marks, the x every batch size shares
+      n = self.trainer.samples_per_step
+      return step == self.steps or (step - 1) * n // e < step * n // e
+    return self._due(self.cfg.train.eval_every, step)
+
+  def checkpoint_due(self, step: int) -> bool:
+    return self._due(self.cfg.train.checkpoint_every, step) or self.stopped()
+
+  def stopped(self) -> bool:
+    return bool(self.target and self.target.stop and "responses_to_target" in self.counters)
+
+  # --- the run ---
+
+  def restore(self) -> int:
+    step, state, meta = self.ckpt.restore_latest(self.trainer.state())  # skips damaged steps
+    start = step or 0
+    if start:
+      self.trainer.load(state, meta.pop("trainer", {}))
+      self.last_eval = meta.pop("last_eval", {})  # a finished run's summary keeps its evaluation
+      self.metrics_rows = meta.pop("metrics", None)  # metrics.jsonl up to this step
+      for k in self.trainer.counters:
+        self.trainer.counters[k] = meta.pop(k)
+      self.counters.update(meta)
+      logging.info("resumed from the checkpoint of step %d in %s", start, self.workdir)
+    return start
+
+  def run(self) -> tuple[dict[str, Any], dict[str, float]]:
+    """Run to the last step; returns (counters, last evaluation)."""
+    start = self.restore()
+    self.writer = MetricsWriter(self.workdir, resume_step=start or None,  # None: a new file
+                                tensorboard=self.cfg.train.tensorboard,
+                                restore=self.metrics_rows)
+    self.progress = Progress(self.steps, self.cfg.train.log_every, start)
+    self.t_run = time.time() - self.counters["wall_time"]
+    try:
+      if start == 0 and self.eval_at_start:
+        self._evaluate_start()
+      pending = None
+      self.t_prev_end = time.time()
+      for step in range(start + 1, self.steps + 1):
+        if self.stopped():
+          break
+        if preemption.requested():
+          self._save_for_preemption(pending)
+        begun = self.trainer.begin(step)
+        if pending is not None:  # step N's metrics, fetched while step N+1 is dispatched
+          self.finish(pending)
+        pending = self.trainer.complete(step, begun, self.t_prev_end)
+        self.steps_run += 1
+        if self.eval_due(step) or self.checkpoint_due(step):
+          self.finish(pending)  # evaluation and checkpoints need this step's parameters now
+          pending = None
+      if pending is not None:
+        self.finish(pending)
+    finally:
+      self.ckpt.close()
+      self.writer.close()
+    return {**self.counters, **self.trainer.counters}, self.last_eval
+
+  def _evaluate_start(self) -> None:
+    """The starting policy's evaluation: the point every curve starts from (step 0)."""
+    t = time.time()
+    self.last_eval = self.trainer.evaluate(0)
+    self.writer.write(0, {**self.last_eval, **self.trainer.counters, "wall_time": 0.0,
+                          "time/eval": time.time() - t})
+    logging.info("starting policy: %s", {k: round(float(v), 4) for k, v in self.last_eval.items()})
+    self.t_run = time.time()
+    self._check_target()  # a policy that starts on target reaches it at 0 responses
+
+  def finish(self, p: Pending) -> None:
+    """Fetch a step's metrics, check them, evaluate and save when due, write its row."""
+    fetched = jax.device_get(p.device)
+    now = time.time()
+    p.phases[p.update_phase] = now - p.t_update - sum(p.update_phases.values())
+    p.phases.update(p.update_phases)
+    bad = _non_finite(fetched)
+    if bad:
+      raise NonFiniteError(f"step {p.step}: non-finite {', '.join(bad)}; stopping. {self._intact()}")
+    self.counters.update(step=p.step, wall_time=now - self.t_run)
+    out = self.trainer.metrics(p, fetched)
+    if self.eval_due(p.step):
+      t = time.time()
+      self.last_eval = self.trainer.evaluate(p.step)
+      p.phases["eval"] = time.time() - t
+      out.update(self.last_eval)
+      self.counters["wall_time"] = time.time() - self.t_run
+      self._check_target()
+    if self.save_seconds is not None:  # the previous step's checkpoint, saved within this step
+      p.phases["checkpoint"], self.save_seconds = self.save_seconds, None
+    self.t_prev_end = time.time()
+    self.counters["wall_time"] = self.t_prev_end - self.t_run
+    wall = self.t_prev_end - p.t_start
+    out.update({f"time/{k}": v for k, v in p.phases.items()})
+    out["time/other"] = wall - sum(p.phases.values())
+    out["time/step"] = wall
+    out.update(self.trainer.rates(p, wall))
+    out.update(self.trainer.counters, wall_time=self.counters["wall_time"])
+    self.writer.write(p.step, out)
+    self.progress.update(p.step, self.trainer.progress(out, self.last_eval))
+    if self.checkpoint_due(p.step):  # after the row: the checkpoint carries the rows up to it
+      t = time.time()
+      self.save(p.step)
+      self.save_seconds = time.time() - t
+
+  def save(self, step: int) -> None:
+    """Checkpoint the state after `step`, only if every array of it is finite."""
+    bad = non_finite_leaves(self.trainer.state())
+    if bad:
+      raise NonFiniteError(f"step {step}: the state to save holds NaN or Inf in {len(bad)} "
+                           f"arrays ({', '.join(bad[:5])}); stopping. {self._intact()}")
+    meta = {**self.counters, **self.trainer.counters, "trainer": self.trainer.meta(),
+            "last_eval": {k: float(v) for k, v in self.last_eval.items()}}
+    # The metrics rows are written once the step's row is; a checkpoint carries them all.
+    self.ckpt.save(step, self.trainer.state(), meta | {"metrics": self.writer.packed()})
+
+  def _intact(self) -> str:
+    last = self.ckpt.latest_step()
+    if last is None:
+      return f"No checkpoint was saved yet in {self.workdir}."
+    return f"The last checkpoint (step {last}) in {self.workdir} is intact."
+
+  def _save_for_preemption(self, pending: Pending | None) -> None:
+    """Finish the step in flight, save it, and stop with preemption.Preempted."""
+    if pending is not None:
+      self.finish(pending)  # saves it when due
+    step = self.counters["step"]
+    if step and self.ckpt.latest_step() != step:
+      self.save(step)
+    logging.warning("preempted: saved step %d in %s", step, self.workdir)
+    raise preemption.Preempted(step)
+
+  def _check_target(self) -> None:
+    tgt, c = self.target, self.counters
+    if not tgt or tgt.metric not in self.last_eval or "responses_to_target" in c:
+      return
+    if float(self.last_eval[tgt.metric]) >= tgt.value:
+      seen = self.trainer.counters[self.trainer.sample_key]
+      c.update(responses_to_target=seen, time_to_target=c["wall_time"], step_to_target=c["step"])
+      logging.info("target %s >= %s reached at %d %s, %.1f s", tgt.metric, tgt.value, seen,
+                   self.trainer.sample_key, c["wall_time"])

@@ -1,0 +1,257 @@
+"""The RL trainer: prompts -> decode on the mesh -> rewards -> the algorithm's update.
+
+Sampling and training share the mesh (mesh.roles='colocated') or have one each ('split',
+rlscale/parallel/roles.py: the weights move to the sampler's mesh after each update, timed as
+`time/weight_sync`). The loop (rlscale/trainer/loop.py) dispatches step N+1's decode before it
+fetches step N's metrics; with rollout.overlap, step N+1's decode is dispatched before step
+N's update, with the weights that sampled step N (one update behind: `rollout/policy_lag`).
+This file says what one step is, for every algorithm behind rlscale/rl/algorithm.py. Every
+step records the sample axis (responses and tokens seen), rewards, what the algorithm's models
+report (gradient norms, noise scale, effective hyperparameters), per-phase seconds, throughput
+and MFU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+from flax import nnx
+
+from rlscale.run import base_policy
+from rlscale.plan import batch
+from rlscale.parallel import distributed
+from rlscale.resolve import experiment
+from rlscale.metrics import flops
+from rlscale.metrics import memory_report
+from rlscale.parallel import roles
+from rlscale.trainer import rollout
+from rlscale.parallel import sharding
+from rlscale.checkpoints import hf
+from rlscale.trainer.evaluation import Evaluator
+from rlscale.trainer.loop import Loop, NonFiniteError, Pending  # noqa: F401  (NonFiniteError: API)
+from rlscale.metrics.writer import write_json
+from rlscale.rl import algorithm
+from rlscale.sampling import Sampler, SamplingParams, generate
+from rlscale.metrics import summary
+
+EVAL_KEY = 2 * 10**6  # evaluation keys are fold_in(seed key, EVAL_KEY + step)
+
+
+@dataclasses.dataclass
+class Begun:
+  """A step whose decode was dispatched."""
+  step: int
+  problems: list
+  prompt_tokens: np.ndarray
+  prompt_mask: np.ndarray
+  rollout: Any
+  t_dispatch: float
+  version: int  # updates the sampling weights had seen
+
+
+class RLTrainer:
+  sample_key = "responses_seen"
+
+  def __init__(self, cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None,
+               env: experiment.Setup | None = None):
+    """`env` (mesh, rules, task) replaces the one `cfg` describes: benchmarks/rl_step.py runs
+    the trainer on a task of its own."""
+    self.cfg, self.workdir = cfg, workdir
+    self.env = env = env or experiment.setup(cfg)
+    base = base_policy.resolve(cfg, config_file)
+    experiment.prepare_workdir(workdir, cfg)
+    policy, self.model_cfg = hf.load_policy(base, env.mesh, env.rules, dtype=cfg.model.dtype,
+                                            param_dtype=cfg.model.param_dtype)
+    self.graphdef, params = nnx.split(policy)
+    self.plan = batch.plan_for(cfg, env)
+    logging.info("batch plan: %s", self.plan.summary_line())
+    self.algo = algorithm.build(algorithm.Context(cfg, self.plan, env, self.graphdef, params, base))
+    self.actor = self.algo.models["actor"]
+    self.samples_per_step = self.plan.responses
+    self.counters = {"responses_seen": 0, "tokens_seen": 0}
+    ro, tok = cfg.rollout, env.task.tokenizer
+    self.meshes = env.meshes
+    self.overlap = bool(ro.get("overlap", False))
+    self.sync = roles.WeightSync(self.meshes, env.rules, keep_copy=self.overlap)
+    self.sampler_params = self.sync(self.actor.params)  # the weights that sample, on its mesh
+    self.prefetched: Begun | None = None  # overlap: the next step's decode, dispatched
+    self.sampler = Sampler(self.graphdef, SamplingParams(
+        max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_k=ro.top_k,
+        top_p=ro.top_p, eos_ids=tok.eos_ids, pad_id=tok.pad_id, decode_chunk=ro.decode_chunk),
+        self.meshes.sampler, env.rules)
+    self.generation_fit = self._fit_generation_batch(cfg.rollout.generation_batch)
+    self.evaluator = Evaluator(env.task, self.graphdef, self.meshes.sampler, env.rules,
+                               max_new_tokens=ro.max_new_tokens,
+                               generation_batch=cfg.eval.generation_batch,
+                               decode_chunk=ro.decode_chunk, sampled=cfg.eval.sampled,
+                               greedy=cfg.eval.greedy)
+    self.prompt_level = any(m.prompt_level for m in self.algo.models.values())
+    self.peak = flops.peak(cfg.train.peak_flops, jax.devices()[0].device_kind)
+    self.rows = distributed.process_rows(self.plan.num_prompts)
+    self.key = jax.random.key(cfg.seed)
+
+  def _fit_generation_batch(self, value) -> dict[str, Any] | None:
+    """generation_batch='auto': the largest decode call whose compiled memory fits the
+    sampler's devices (rlscale/sampling/memory_fit.py), recorded in summary.json."""
+    if value != batch.AUTO:
+      return None
+    from rlscale.sampling import memory_fit
+    unit = sharding.batch_divisor(self.meshes.sampler, self.env.rules) * jax.process_count()
+    fit = memory_fit.fit_generation_batch(self.sampler, self.sampler_params,
+                                          self.env.task.max_prompt_len, self.plan.responses,
+                                          unit, self.plan.group_size)
+    self.plan = dataclasses.replace(self.plan, generation_batch=fit.generation_batch)
+    logging.info("generation batch: %s", fit.summary_line())
+    return fit.describe()
+
+  # --- checkpointed state ---
+
+  def state(self):
+    return {n: m.state for n, m in self.algo.models.items()}
+
+  def load(self, state, meta: dict[str, Any]) -> None:
+    for n, m in self.algo.models.items():
+      m.state = state[n]
+      m.load_noise_state(meta.get("noise", {}).get(n, {}))
+    # The restored weights sample the next step: an overlapped run resumes on-policy (lag 0).
+    self.sampler_params, self.prefetched = self.sync(self.actor.params), None
+
+  def meta(self) -> dict[str, Any]:
+    return {"noise": {n: m.noise_state() for n, m in self.algo.models.items()}}
+
+  # --- one step ---
+
+  def begin(self, step: int) -> Begun:
+    """This process's prompts (problems [(step-1) P, step P) of the stream, G copies each),
+    and their decode dispatched (with rollout.overlap, by the previous step already)."""
+    if self.prefetched is not None and self.prefetched.step == step:
+      b, self.prefetched = self.prefetched, None
+      return b
+    return self._dispatch(step, step - 1)
+
+  def _dispatch(self, step: int, version: int) -> Begun:
+    """Step `step`'s decode with the sampler's current weights, those after step `version`'s
+    update (step - 1 on-policy; step - 2 when an overlapped step - 1 dispatched it)."""
+    first = (step - 1) * self.plan.num_prompts
+    problems = self.env.task.problems(first + self.rows.start, self.rows.stop - self.rows.start)
+    ptoks, pmask = rollout.prompts(self.env.task, problems, self.plan.group_size)
+    t = time.time()
+    out = generate(self.sampler, self.sampler_params, ptoks, pmask,
+                   jax.random.fold_in(self.step_key(step), 0), self.plan.generation_batch,
+                   group_size=self.plan.group_size)  # the G copies of a prompt prefill once
+    return Begun(step, problems, ptoks, pmask, out, t, version)
+
+  def step_key(self, step: int) -> jax.Array:
+    return jax.random.fold_in(self.key, step)
+
+  def complete(self, step: int, b: Begun, t_start: float) -> Pending:
+    """Score the responses, let the algorithm prepare and dispatch its update."""
+    toks, rmask = rollout.host_rollout(b.rollout)
+    phases = {"generate": time.time() - max(b.t_dispatch, t_start)}  # overlap: the wait only
+    if self.overlap and step < self.plan.num_steps:  # the sampler's next step, before the update
+      self.prefetched = self._dispatch(step + 1, step - 1)
+    t = time.time()
+    repeated = [p for p in b.problems for _ in range(self.plan.group_size)]
+    rewards, correct, finished = rollout.score(self.env.task, repeated, toks, rmask,
+                                               self.env.task.tokenizer.eos_ids)
+    phases["reward"] = time.time() - t
+    seq = rollout.sequence_batch(b.prompt_tokens, b.prompt_mask, b.rollout, self.env.mesh,
+                                 self.env.rules)
+    scores = sharding.put_batch(rewards, self.env.mesh, self.env.rules)
+    sample_logp, = roles.to_mesh([b.rollout.logprobs], self.env.mesh, self.env.rules)
+    more_phases, host = self.algo.prepare(seq, sample_logp, scores)
+    phases.update(more_phases)
+    host.update(rollout.reward_metrics(rewards, correct, finished, rmask, self.plan.group_size))
+    plen, rlen = b.prompt_mask.sum(axis=1), rmask.sum(axis=1)
+    host["train_tokens"] = int(distributed.global_sum(rlen.sum() + plen.sum()))
+    host["rollout/policy_lag"] = (step - 1) - b.version  # updates between sampling and training
+    self.counters["responses_seen"] += self.plan.responses
+    self.counters["tokens_seen"] += host["response_tokens"]
+    by_group = self.prompt_level and step % 2 == 0
+    t_update = time.time()
+    update_phases, metrics = self.algo.update(seq, jax.random.fold_in(self.step_key(step), 1),
+                                              step, by_group)
+    self.sampler_params = self.sync(self.actor.params)
+    if self.meshes.split:
+      update_phases["weight_sync"] = self.sync.seconds
+    return Pending(step, metrics, host, phases, t_start, t_update, "actor_update",
+                   update_phases, info=(by_group, self.step_flops(plen, rlen)))
+
+  def step_flops(self, plen, rlen) -> dict[str, float]:
+    """Model FLOPs of the step's phases."""
+    fwd = flops.train_flops(self.model_cfg, plen + rlen) / 3  # one forward over the batch
+    epochs = sum(m.batch.num_epochs for m in self.algo.models.values())
+    return {"generate": distributed.global_sum(flops.rollout_flops(self.model_cfg, plen, rlen)),
+            "update": distributed.global_sum(3 * fwd * epochs),
+            "logprobs": distributed.global_sum(fwd * self.algo.extra_forwards())}
+
+  # --- a finished step's host metrics ---
+
+  def metrics(self, p: Pending, fetched: dict[str, Any]) -> dict[str, Any]:
+    by_group, _ = p.info
+    out = {}
+    for n, m in fetched.items():
+      out.update(self.algo.models[n].read(m, by_group))
+    out.update(jax.device_get(p.host))  # an algorithm's own metrics may still be on the device
+    return out
+
+  def rates(self, p: Pending, wall: float) -> dict[str, float]:
+    _, step_flops = p.info
+    update_s = p.phases["actor_update"] + sum(  # every model's
+        v for k, v in p.update_phases.items() if k != "weight_sync")
+    out = {"throughput/train_tokens_per_s":
+               p.host["train_tokens"] * self.plan.main.num_epochs / update_s,
+           "throughput/responses_per_s": self.plan.responses / wall,
+           "flops/step": sum(step_flops.values()),  # model FLOPs: a report's compute axis
+           **memory_report.peaks()}  # the run's memory so far (benchmarks give it per phase)
+    if not self.overlap:  # an overlapped step's generate phase is only the wait it caused
+      out["throughput/gen_tokens_per_s"] = p.host["response_tokens"] / p.phases["generate"]
+    if self.peak:
+      sampler, trainer = (self.peak * m.size for m in (self.meshes.sampler, self.meshes.trainer))
+      if not self.overlap:
+        out["mfu/generate"] = step_flops["generate"] / p.phases["generate"] / sampler
+      out["mfu/update"] = step_flops["update"] / update_s / trainer
+      out["mfu/step"] = sum(step_flops.values()) / wall / (self.peak * jax.device_count())
+    return out
+
+  def evaluate(self, step: int) -> dict[str, float]:
+    return self.evaluator(self.sampler_params, jax.random.fold_in(self.key, EVAL_KEY + step))
+
+  def progress(self, row: dict[str, Any], last_eval: dict[str, float]) -> dict[str, Any]:
+    return {"responses": self.counters["responses_seen"], "reward": float(row["reward/mean"]),
+            "eval acc": last_eval.get("eval/accuracy_greedy",
+                                      last_eval.get("eval/accuracy_sampled"))}
+
+  def finish(self, counters: dict[str, Any], last_eval: dict[str, float]) -> dict[str, Any]:
+    """Export the policy and write summary.json."""
+    tok = self.env.task.tokenizer  # ids the base checkpoint lacks; its own ones win
+    folder = os.path.join(self.workdir, "policy")
+    hf.save_policy(nnx.merge(self.graphdef, self.actor.params), folder,
+                   bos_id=getattr(tok, "bos_id", None), eos_ids=tok.eos_ids, pad_id=tok.pad_id)
+    if self.cfg.model.hf_checkpoint:  # the export chats as its source: its tokenizer beside it
+      hf.copy_tokenizer(self.cfg.model.hf_checkpoint, folder)
+    out = summary.summarize(self.cfg, self.workdir, counters, last_eval, self.plan)
+    if self.generation_fit:
+      out["generation_batch_fit"] = self.generation_fit
+    if getattr(self.env.task, "data_report", None):  # prompt files: rows read, skipped, used
+      out["data"] = self.env.task.data_report
+    out["compilations"] = summary.compilations(self.workdir, {
+        **{n: m.update.traces for n, m in self.algo.models.items()},
+        "sampler": self.sampler.traces})
+    write_json(os.path.join(self.workdir, "summary.json"), out)
+    logging.info("done: %s", {k: (round(v, 4) if isinstance(v, float) else v)
+                              for k, v in out.items() if not isinstance(v, dict)})
+    return out
+
+
+def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = None) -> dict:
+  trainer = RLTrainer(cfg, workdir, config_file)
+  loop = Loop(trainer, cfg, workdir, trainer.plan.num_steps, eval_at_start=True)
+  return trainer.finish(*loop.run())

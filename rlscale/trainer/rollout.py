@@ -1,0 +1,72 @@
+"""From problems to a training batch: prompts, sampling, scoring, the sequence batch."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from rlscale.parallel import distributed
+from rlscale.parallel import roles
+from rlscale.parallel import sharding
+from rlscale.rl.update import SequenceBatch
+from rlscale.sampling import Rollout
+from rlscale.tasks.base import Problem, Task, left_pad
+
+
+def prompts(task: Task, problems: Sequence[Problem], group_size: int = 1):
+  """Left-padded prompt tokens and mask, each problem repeated `group_size` times in a row."""
+  rows = [task.prompt_ids(p) for p in problems for _ in range(group_size)]
+  return left_pad(rows, task.max_prompt_len, task.tokenizer.pad_id)
+
+
+def score(task: Task, problems: Sequence[Problem], tokens: np.ndarray, mask: np.ndarray,
+          eos_ids: Sequence[int]):
+  """rewards [B] float32, correct [B] bool, finished [B] bool for host-side responses.
+
+  `problems[i]` is row i's problem. A response is finished when its last token is an EOS.
+  """
+  lengths = mask.sum(axis=1)
+  rewards = np.zeros(len(problems), np.float32)
+  correct = np.zeros(len(problems), bool)
+  finished = np.zeros(len(problems), bool)
+  for i, p in enumerate(problems):
+    n = int(lengths[i])
+    ids = tokens[i, :n]
+    finished[i] = n > 0 and int(ids[-1]) in eos_ids
+    s = task.score(ids[:-1] if finished[i] else ids, bool(finished[i]), p)
+    rewards[i], correct[i] = s.reward, s.correct
+  return rewards, correct, finished
+
+
+def host_rollout(out: Rollout) -> tuple[np.ndarray, np.ndarray]:
+  """This process's rows of the sampled tokens and their mask."""
+  return distributed.host_local(out.tokens), distributed.host_local(out.mask)
+
+
+def sequence_batch(prompt_tokens, prompt_mask, out: Rollout, mesh: Mesh, rules) -> SequenceBatch:
+  """Prompt and response side by side, on the (trainer's) mesh; the algorithm fills `extras`.
+  The responses move there from the sampler's mesh when it has one (roles.to_mesh)."""
+  pt = sharding.put_batch(prompt_tokens, mesh, rules)
+  pm = sharding.put_batch(prompt_mask, mesh, rules)
+  rt, rm = roles.to_mesh([out.tokens, out.mask], mesh, rules)
+  tokens = jnp.concatenate([pt, rt], axis=1)
+  mask = jnp.concatenate([pm, rm], axis=1)
+  return SequenceBatch(tokens, mask, rm, {})
+
+
+def reward_metrics(rewards, correct, finished, resp_mask, group_size: int) -> dict[str, Any]:
+  """The step's reward and response metrics over all processes (this process's rows given)."""
+  groups = correct.reshape(-1, group_size)
+  lengths = resp_mask.sum(axis=1)
+  g_sum, g_mean = distributed.global_sum, distributed.global_mean
+  mean = g_mean(rewards)
+  std = float(np.sqrt(max(g_mean(np.square(rewards.astype(np.float64))) - mean ** 2, 0.0)))
+  return {"reward/mean": mean, "reward/std": std,
+          "reward/accuracy": g_mean(correct), "reward/finished": g_mean(finished),
+          "reward/solved_groups": g_mean(groups.all(axis=1)),  # every response correct
+          "reward/unsolved_groups": g_mean(~groups.any(axis=1)),  # none correct
+          "response/length_mean": g_mean(lengths), "response/length_max": int(distributed.global_max(lengths)),
+          "response_tokens": int(g_sum(lengths.sum()))}
