@@ -98,7 +98,7 @@ def critical_batch(points_by_batch: dict, reps: int = 1000, level: float = 0.95,
 
   `points_by_batch` maps each batch B to its seeds' responses to target (inf: never reached).
   The fit uses the median per batch; each bootstrap rep resamples the seeds within every batch
-  and refits (its coverage is tested by simulation at 5 seeds, tests/test_fits.py). Reasons
+  and refits (its coverage is tested by simulation at 5 seeds, tests/unit/analysis/test_fits.py). Reasons
   for "not identified":
   - fewer than 3 batches, a batch whose median never reached the target, or one with fewer
     than `min_seeds` seeds;
@@ -247,7 +247,7 @@ def fit_sigmoid(C, R, r0=None, a_grid=None, c_grid=None, polish: bool = True) ->
   set r0. A's grid runs from max(R) - 0.05 to min(1, max(R) + 0.3) by 0.005 (accuracy is at
   most 1). It starts below max(R) because on a plateau the largest of many noisy evaluations
   lies above the asymptote: a grid starting at max(R) biased A upward (+0.009 on average at
-  0.01 noise in tests/test_fits.py); 0.05 is about three standard errors of an accuracy
+  0.01 noise in tests/unit/analysis/test_fits.py); 0.05 is about three standard errors of an accuracy
   measured on 1000 prompts. c_mid's grid is log-spaced from a tenth of the smallest C to 30x
   the largest (the half-gain point may lie beyond the data). The polish keeps A and c_mid
   inside their grids' ranges.

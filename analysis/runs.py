@@ -8,6 +8,8 @@ import os
 import re
 from typing import Any
 
+from rlscale.config import defaults
+
 
 @dataclasses.dataclass
 class Run:
@@ -69,7 +71,8 @@ def load(path: str) -> Run:
           rows.append(json.loads(line))
         except json.JSONDecodeError:
           pass  # a line cut by a crash
-  return Run(path, read("config.json"), rows, read("summary.json"))
+  # A config.json written before a field existed: that field at the value the run used.
+  return Run(path, defaults.fill_json(read("config.json")), rows, read("summary.json"))
 
 
 def expand(paths: list[str], only: str | None = None) -> list[str]:

@@ -165,7 +165,7 @@ def pooled_ratio(num, den, scale: float = 1.0, reps: int = 2000, level: float = 
                  seed: int = 0) -> Interval:
   """sum(num) / sum(den) x scale over runs (a ratio of means, as B_simple = tr(Sigma) / |G|^2
   pools noisy estimates), with a percentile bootstrap over runs; inf when the pooled
-  denominator is not positive. Its coverage is measured by simulation in tests/test_stats.py
+  denominator is not positive. Its coverage is measured by simulation in tests/unit/analysis/test_stats.py
   (not per call): the Interval's coverage is nan and its method 'bootstrap'."""
   n_, d_ = (np.asarray(v, float).ravel() for v in (num, den))
   keep = ~(np.isnan(n_) | np.isnan(d_))

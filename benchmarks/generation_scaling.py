@@ -18,7 +18,6 @@ plan's heuristic (rlscale/plan/batch.py).
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 

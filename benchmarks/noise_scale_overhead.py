@@ -29,7 +29,7 @@ def main(argv):
   from rlscale.config import files as config_files
   from rlscale.run import logs
   from rlscale.run import train
-  from rlscale.resolve.validate import validate
+  from rlscale.resolve import resolved
   logs.quiet_libraries()
   logging.set_verbosity(logging.WARNING)
   out = {}
@@ -38,7 +38,7 @@ def main(argv):
     cfg = config_files.load(FLAGS.config)
     if FLAGS.cache_dir:
       cfg.init.cache_dir = FLAGS.cache_dir
-    plan = validate(cfg)  # the run's own sizes: the auto micro-batch with the noise scale on
+    plan = resolved.resolve(cfg, None).plan  # the run's own sizes: the auto micro-batch with the noise scale on
     cfg.noise.enabled = noise
     cfg.rl.microbatch = plan.main.microbatch if split else plan.main.minibatch
     cfg.train.num_steps, cfg.train.eval_every, cfg.train.checkpoint_every = FLAGS.steps, 0, 0

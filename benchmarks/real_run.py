@@ -1,6 +1,6 @@
 """A real run at a real size: configs/grpo_math.py on a local Hugging Face folder; one JSON line.
 
-    python tests/policy_folder.py /tmp/qwen05b --real_vocab     # Qwen2.5-0.5B-shaped, random
+    python -m tests.support.policy_folder /tmp/qwen05b --real_vocab     # Qwen2.5-0.5B-shaped, random
     python benchmarks/real_run.py --checkpoint=/tmp/qwen05b --remat=full --logprob_chunk=8192
     python benchmarks/real_run.py --checkpoint=/tmp/qwen05b --remat=none --logprob_chunk=0
 
@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 import rl_step  # (its flags and its per-phase instruments)
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("checkpoint", None, "a Hugging Face policy folder (tests/policy_folder.py)")
+flags.DEFINE_string("checkpoint", None, "a Hugging Face policy folder (tests/support/policy_folder.py)")
 flags.DEFINE_integer("num_eval", 4, "held-out problems of each evaluation (greedy only)")
 for name, value in (("prompts", 4), ("group", 4), ("prompt_len", 128), ("new_tokens", 256),
                     ("steps", 2), ("matmul", 0)):
@@ -62,15 +62,19 @@ def run_config(workdir: str):
 def run(workdir: str) -> dict:
   """Build, run and finish the trainer with per-phase instruments; the measured figures."""
   from rlscale.run import logs
+  from rlscale.resolve import resolved
+  from rlscale.run import base_policy
   from rlscale.trainer import rl_trainer as rl_loop
   from rlscale.trainer.loop import Loop
   logs.quiet_libraries()
   cfg = run_config(workdir)
   t0 = time.time()
-  trainer = rl_loop.RLTrainer(cfg, workdir, None)
+  run = resolved.resolve(cfg, workdir)
+  trainer = rl_loop.RLTrainer(run.with_base(base_policy.find_or_build(run.cfg, None)))
   build_s = time.time() - t0
   phases, seen = rl_step.instrument(trainer, skip=0)
-  trainer.finish(*Loop(trainer, cfg, workdir, cfg.train.num_steps, eval_at_start=True).run())
+  trainer.finish(*Loop(trainer, run.cfg, workdir, trainer.plan.num_steps,
+                       eval_at_start=True).run())
   memory = rl_step.phase_memory(trainer, phases, seen)
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f]
@@ -89,7 +93,7 @@ def run(workdir: str) -> dict:
 def main(argv):
   del argv
   if not FLAGS.checkpoint:
-    raise app.UsageError("--checkpoint=DIR: a policy folder (python tests/policy_folder.py DIR "
+    raise app.UsageError("--checkpoint=DIR: a policy folder (python -m tests.support.policy_folder DIR "
                          "--real_vocab writes a Qwen2.5-0.5B-shaped one)")
   import jax
   logging.set_verbosity(logging.WARNING)

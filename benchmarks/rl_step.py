@@ -1,6 +1,6 @@
 """One RL step of the shipped trainer on a random model; prints one JSON line.
 
-    python benchmarks/rl_step.py                       # GRPO, P=64 x G=8, the issue-13 shape
+    python benchmarks/rl_step.py                       # GRPO, P=64 x G=8, the reference shape
     python benchmarks/rl_step.py --algorithm=ppo --microbatch=128
     python benchmarks/rl_step.py --family=qwen2 --layers=24 --d_model=896 --heads=14 \
         --kv_heads=2 --head_dim=64 --mlp_dim=4864 --vocab=151936 --dtype=bfloat16   # 0.5B
@@ -19,7 +19,7 @@ critic's) 'auto', what users get, and the line says what it chose. Times are med
 over its time, and `matmul_tflops_per_s` a jitted 2048x2048 matmul of --dtype measured in the
 same process, the machine's reference; `update_fraction_of_matmul` is their ratio.
 
-Memory (issue 15): --remat, --logprob_chunk, --param_dtype and --state_dtype set train.remat,
+Memory: --remat, --logprob_chunk, --param_dtype and --state_dtype set train.remat,
 train.logprob_chunk, model.param_dtype and optim.state_dtype (the critic's too). `memory`
 gives per phase (generate, logprobs, actor_update, critic_update) XLA's analysis of the
 phase's compiled call per device (arguments, outputs, temporaries, total) and, over the timed
@@ -160,15 +160,15 @@ def make_trainer(workdir: str):
   from rlscale.trainer import rl_trainer as rl_loop
   from rlscale.parallel import roles
   from rlscale.parallel import sharding
-  from rlscale.resolve.validate import validate
+  from rlscale.resolve import resolved
   cfg = run_config(workdir)
   meshes = roles.make_meshes(cfg.mesh)
   rules = sharding.rules_from_config(cfg.mesh.rules)
   env = experiment.Setup(meshes.trainer, rules, bench_task(FLAGS.vocab, FLAGS.prompt_len),
                          experiment.model_config(cfg), meshes.sampler if meshes.split else None)
   base_checkpoint(cfg, env, cfg.init.hf_checkpoint)
-  validate(cfg)
-  return rl_loop.RLTrainer(cfg, os.path.join(workdir, "run"), None, env=env)
+  run = resolved.resolve(cfg, os.path.join(workdir, "run"), setup=env)
+  return rl_loop.RLTrainer(run.with_base(cfg.init.hf_checkpoint))
 
 
 def matmul_tflops(n: int, dtype: str) -> float:

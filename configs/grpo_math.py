@@ -16,13 +16,10 @@ Prompts go through the checkpoint's chat template; responses are graded by math-
 Hugging Face folder. README: "Your model, your data".
 """
 
-import os
-
 import ml_collections
 
 from rlscale.config import sections as common
-
-DATA = os.path.join(os.path.dirname(common.__file__), "data", "gsm8k_style")
+from rlscale.data import gsm8k_style
 
 
 def tiny(c: ml_collections.ConfigDict) -> None:
@@ -53,8 +50,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mesh.shape = (1, -1, 1)  # FSDP over every device: parameters and moments sharded
 
   c.task = common.task("files")
-  c.task.train_files = os.path.join(DATA, "train.jsonl")
-  c.task.eval_files = os.path.join(DATA, "test.jsonl")
+  c.task.train_files = gsm8k_style.TRAIN
+  c.task.eval_files = gsm8k_style.TEST
   c.task.num_eval = 500
   c.task.max_prompt_len = 256  # longer prompts are counted and skipped, never cut
   c.task.instruction = "Let's think step by step and output the final answer within \\boxed{}."

@@ -7,16 +7,13 @@ target) and returns a Section (sections/types.py); drawing and writing happen el
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from analysis import figures
-from analysis import series as se
 from analysis import stats
 from analysis import study_table as st
 from analysis.report_md import iv, num
@@ -288,7 +285,7 @@ def _ratio_figure(rows: pd.DataFrame, tolerance: float) -> Figure:
 
 
 def design(study: st.Study, table: pd.DataFrame, done: dict | None = None) -> Section:
-  """Whether the study measures what it claims to (issue 23's requirements of a study), each a
+  """Whether the study measures what it claims to (what a study needs to answer its questions), each a
   line that says pass or fail with its number: the target well below the plateau, the largest
   batch of each series at least `min_steps` optimizer steps from it, references that do not
   collapse, enough verdict seeds, learning rates inside their scans."""

@@ -1,4 +1,4 @@
-"""A throughput model of one RL step against the number of chips (issue 14).
+"""A throughput model of one RL step against the number of chips.
 
 Decode, per step of a call with b rows per model replica (m chips each, tensor-parallel):
     t_dec(b) = max(bytes(b) / (m·bw·e_bw), flops(b) / (m·peak·e_f)) + t_lat

@@ -6,7 +6,7 @@ file wins, the same sandboxed Jinja environment (whitespace options, `raise_exce
 `strftime_now`, `tojson` with json.dumps's options, loop controls, `{% generation %}`), the same
 variables (the named special tokens, `tools`, `documents`) and the same clean-up of the messages
 (keys whose value is None dropped; reasoning under each name templates read it by).
-tests/test_chat_templates.py holds us to that on the templates Qwen2.5, Qwen3 and Llama 3.x ship.
+tests/unit/checkpoints/test_chat_templates.py holds us to that on the templates Qwen2.5, Qwen3 and Llama 3.x ship.
 """
 
 from __future__ import annotations

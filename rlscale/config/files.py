@@ -12,6 +12,8 @@ import os
 
 import ml_collections
 
+from rlscale.config import defaults
+
 PACKAGE = "rlscale.configs"
 
 
@@ -76,6 +78,7 @@ def load_module(spec: str, relative_to: str | None = None):
 
 
 def load(spec: str, relative_to: str | None = None) -> ml_collections.ConfigDict:
-  """`path/to/config.py[:arg]` -> get_config(arg); see `find` for where the file is looked up."""
+  """`path/to/config.py[:arg]` -> get_config(arg), with the fields it lacks at their defaults
+  (config/defaults.py); see `find` for where the file is looked up."""
   module, arg = load_module(spec, relative_to)
-  return module.get_config(arg)
+  return defaults.fill(module.get_config(arg))

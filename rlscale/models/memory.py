@@ -43,10 +43,10 @@ REMAT_POLICIES = {
 def check(train: Mapping[str, Any]) -> list[str]:
   """Errors of `train.remat` and `train.logprob_chunk`, each naming the field."""
   errors = []
-  remat = train.get("remat", "none")
+  remat = train["remat"]
   if not isinstance(remat, str) or remat not in REMAT_POLICIES:
     errors.append(f"train.remat={remat!r}; known: {', '.join(REMAT_POLICIES)}")
-  chunk = train.get("logprob_chunk", 0)
+  chunk = train["logprob_chunk"]
   if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
     errors.append(f"train.logprob_chunk={chunk!r} must be an integer >= 0 (vocabulary columns "
                   f"per chunk; 0: the whole vocabulary at once)")

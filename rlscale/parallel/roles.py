@@ -18,7 +18,6 @@ all-gather among the trainer's devices for a shard that no local trainer device 
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import Any, Sequence
 
@@ -44,25 +43,20 @@ class Meshes:
 def shape_errors(field: str, shape: Any, devices: int) -> list[str]:
   """Errors of a (data, fsdp, tensor) shape with at most one -1 over `devices` devices."""
   try:
-    s = [int(x) for x in shape]
-  except (TypeError, ValueError):
-    return [f"{field}={shape!r} must be 3 integer sizes (data, fsdp, tensor)"]
-  if len(s) != 3 or s.count(-1) > 1 or any(x == 0 or x < -1 for x in s):
-    return [f"{field}={tuple(s)} must be 3 positive sizes (data, fsdp, tensor), at most one -1"]
-  known = math.prod(x for x in s if x != -1)
-  if (-1 in s and devices % known) or (-1 not in s and known != devices):
-    return [f"{field}={tuple(s)} does not fit {devices} devices"]
+    sharding.resolve_shape(shape, devices, field)
+  except ValueError as e:
+    return [str(e)]
   return []
 
 
 def check(mesh_cfg, devices: int, processes: int) -> list[str]:
   """The errors of the config's mesh section on `devices` devices over `processes` processes."""
-  roles = mesh_cfg.get("roles", "colocated")
+  roles = mesh_cfg["roles"]
   if roles not in ROLES:
     return [f"mesh.roles={roles!r}; known: {', '.join(ROLES)}"]
   if roles == "colocated":
     return shape_errors("mesh.shape", mesh_cfg.shape, devices)
-  s = mesh_cfg.get("sampler_devices", 0)
+  s = mesh_cfg["sampler_devices"]
   if isinstance(s, bool) or not isinstance(s, int) or not 0 < s < devices:
     return [f"mesh.sampler_devices={s!r}: mesh.roles='split' needs 1 to {devices - 1} of the "
             f"{devices} devices for the sampler (the trainer gets the rest)"]
@@ -90,7 +84,7 @@ def make_meshes(mesh_cfg) -> Meshes:
   errors = check(mesh_cfg, jax.device_count(), jax.process_count())
   if errors:
     raise ValueError("; ".join(errors))
-  if mesh_cfg.get("roles", "colocated") == "colocated":
+  if mesh_cfg["roles"] == "colocated":
     mesh = sharding.make_mesh(mesh_cfg.shape)
     return Meshes(mesh, mesh)
   trainer, sampler = role_devices(mesh_cfg.sampler_devices)

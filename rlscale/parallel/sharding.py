@@ -45,21 +45,34 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
 Rules = Mapping[str, Any]
 
 
+def resolve_shape(shape: Any, devices: int, field: str = "mesh.shape") -> tuple[int, ...]:
+  """(data, fsdp, tensor) sizes over `devices` devices; the one -1 takes the remaining devices.
+
+  The only place a -1 is resolved: the mesh, the config check and the batch plan call it.
+  A shape that cannot be is a ValueError naming `field`.
+  """
+  try:
+    s = [int(x) for x in shape]
+  except (TypeError, ValueError):
+    raise ValueError(f"{field}={shape!r} must be {len(MESH_AXES)} integer sizes {MESH_AXES}")
+  if len(s) != len(MESH_AXES) or s.count(-1) > 1 or any(x == 0 or x < -1 for x in s):
+    raise ValueError(f"{field}={tuple(s)} must be {len(MESH_AXES)} positive sizes "
+                     f"(data, fsdp, tensor), at most one -1")
+  known = math.prod(x for x in s if x != -1)
+  if -1 in s and devices % known:
+    raise ValueError(f"{field}={tuple(s)} does not fit {devices} devices: the sizes besides -1 "
+                     f"multiply to {known}, which does not divide them")
+  if -1 not in s and known != devices:
+    raise ValueError(f"{field}={tuple(s)} does not fit {devices} devices: it needs {known}")
+  if -1 in s:
+    s[s.index(-1)] = devices // known
+  return tuple(s)
+
+
 def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None) -> Mesh:
   """A (data, fsdp, tensor) mesh; one entry may be -1 and takes the remaining devices."""
   devices = list(jax.devices() if devices is None else devices)
-  shape = [int(s) for s in shape]
-  if len(shape) != len(MESH_AXES):
-    raise ValueError(f"mesh.shape={tuple(shape)} must have {len(MESH_AXES)} entries {MESH_AXES}")
-  if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
-    raise ValueError(f"mesh.shape={tuple(shape)}: entries must be positive, with at most one -1")
-  known = math.prod(s for s in shape if s != -1)
-  if -1 in shape:
-    if len(devices) % known:
-      raise ValueError(f"mesh.shape={tuple(shape)} does not divide {len(devices)} devices")
-    shape[shape.index(-1)] = len(devices) // known
-  if math.prod(shape) != len(devices):
-    raise ValueError(f"mesh.shape={tuple(shape)} needs {math.prod(shape)} devices, have {len(devices)}")
+  shape = resolve_shape(shape, len(devices))
   types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
   try:
     return jax.make_mesh(tuple(shape), MESH_AXES, devices=devices, axis_types=types)

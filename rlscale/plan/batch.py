@@ -25,6 +25,9 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
+import ml_collections
+
+from rlscale.config import defaults
 from rlscale.config.errors import ConfigError
 
 AUTO = "auto"
@@ -42,7 +45,7 @@ MAX_GENERATION_BATCH_PER_DEVICE = 1024
 # KV-cache bytes of one decode call per device, at most.
 MAX_KV_CACHE_BYTES_PER_DEVICE = 4 << 30
 # Memory of a host whose devices report none (CPU), shared by its local devices: the
-# activation budget of the automatic micro-batch there (the issue-15 benchmark's 12 GB bound).
+# activation budget of the automatic micro-batch there (the memory benchmark's 12 GB bound, docs/performance.md).
 CPU_MEMORY_BYTES = 12 << 30
 # Of the device's memory, the share a training pass may plan for: headroom for fragmentation,
 # XLA's runtime and what the estimate leaves out.
@@ -242,7 +245,7 @@ def _model(errors, name, prefix, section, rows, shards, seq_len, noise,
 
 
 def _steps(errors: list[str], train: Mapping[str, Any], per_step: int) -> int:
-  total = train.get("total_responses", 0) or 0
+  total = train["total_responses"] or 0
   if total:
     if isinstance(total, bool) or not isinstance(total, int) or total < 0:
       errors.append(f"train.total_responses={total!r} must be a positive integer (or 0: run "
@@ -266,9 +269,10 @@ def plan(cfg: Mapping[str, Any], *, shards: int = 1, processes: int = 1, seq_len
   `memory` (the activation bound of a training pass) size the automatic choices; 0 or None
   means unknown. Raises ConfigError naming every bad field.
   """
+  cfg = defaults.fill(ml_collections.ConfigDict(cfg))  # a config.json's dict: its defaults too
   errors: list[str] = []
   kind = cfg["kind"]
-  noise = bool(cfg.get("noise", {}).get("enabled", False))
+  noise = "noise" in cfg and bool(cfg.noise.enabled)  # SFT has none
   if kind == "sft":
     s = cfg["sft"]
     rows = _int(errors, "sft.batch_size", s["batch_size"])
@@ -311,9 +315,7 @@ def _generation_batch(errors, value, rows: int, unit: int, kv_bytes_per_row: int
 def batch_shards(mesh_shape, rules, device_count: int) -> int:
   """Batch shards of a mesh of `mesh_shape` (one -1 allowed) over `device_count` devices."""
   from rlscale.parallel import sharding
-  shape = [int(s) for s in mesh_shape]
-  if -1 in shape:
-    shape[shape.index(-1)] = device_count // max(1, math.prod(s for s in shape if s != -1))
+  shape = sharding.resolve_shape(mesh_shape, device_count)
   axes = rules.get("batch") or ()
   axes = axes if isinstance(axes, tuple) else (axes,)
   return math.prod(dict(zip(sharding.MESH_AXES, shape))[a] for a in axes)
@@ -388,21 +390,21 @@ def train_memory_of(cfg, model_cfg, seq_len: int, mesh) -> TrainMemory:
   """
   from rlscale.models import memory
   train = cfg.train
-  remat, chunk = train.get("remat", "none"), train.get("logprob_chunk", 0)
+  remat, chunk = train.remat, train.logprob_chunk
   pd = cfg.model.param_dtype
   policy = model_cfg.num_params()
-  resident = memory.state_bytes(policy, pd, cfg.optim.get("state_dtype", ""))
+  resident = memory.state_bytes(policy, pd, cfg.optim.state_dtype)
   per_token = {}
   if cfg.kind == "sft":
     per_token["policy"] = memory.activation_bytes_per_token(model_cfg, seq_len, remat, chunk)
   else:
     per_token["actor"] = memory.activation_bytes_per_token(model_cfg, seq_len, remat, chunk)
-    copies = bool(cfg.rl.get("kl_coef", 0.0)) + bool(cfg.rl.get("prox_com", 0.0))
+    copies = bool(cfg.rl.kl_coef) + bool(cfg.rl.prox_com)
     resident += copies * memory.state_bytes(policy, pd, trained=False)
   if "critic" in cfg:
     head = 0 if model_cfg.tie_embeddings else model_cfg.vocab_size * model_cfg.d_model
     critic = policy - head + model_cfg.d_model + 1
-    resident += memory.state_bytes(critic, pd, cfg.critic.optim.get("state_dtype", ""))
+    resident += memory.state_bytes(critic, pd, cfg.critic.optim.state_dtype)
     per_token["critic"] = memory.activation_bytes_per_token(model_cfg, seq_len, remat, chunk,
                                                             head=False)
   model_shards = mesh.shape.get("fsdp", 1) * mesh.shape.get("tensor", 1)

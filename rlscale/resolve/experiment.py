@@ -18,6 +18,7 @@ from rlscale.parallel import roles
 from rlscale.parallel import sharding
 from rlscale.checkpoints.hf import config_from_folder
 from rlscale.checkpoints.tokenizer import HFTokenizer
+from rlscale.config import defaults
 from rlscale.metrics.writer import write_json
 
 
@@ -71,19 +72,6 @@ def config_hash(cfg: ml_collections.ConfigDict, drop: tuple[str, ...] = ()) -> s
 
 # Fields a resumed run may change without asking: they change no number the run computes.
 FREE_TO_CHANGE = ("train.log_every", "train.tensorboard", "train.async_checkpoint")
-# Fields added after runs were made, with the value that does what those runs did: a run whose
-# config.json lacks one resumes with that value without asking.
-ADDED = {"mesh.roles": "colocated", "mesh.sampler_devices": 0, "mesh.sampler_shape": [-1, 1, 1],
-         "rollout.overlap": False, "train.remat": "none", "train.logprob_chunk": 0,
-         "optim.state_dtype": "", "rl.ptx_coef": 0.0, "rl.ptx_rows": 8, "task.train_files": "",
-         "task.eval_files": "", "task.eval_fraction": 0.0, "task.prompt_field": "question",
-         "task.answer_field": "answer", "task.system_prompt": "",
-         "task.instruction": "Put the final answer in \\boxed{}.", "task.enable_thinking": None,
-         "task.grader": "numeric", "task.grader_regex": "", "task.grader_timeout_s": 2.0,
-         "task.demo_files": "", "task.demo_field": "response", "critic.optim.state_dtype": "",
-         "eval.greedy": True}
-
-
 def _flat(d: dict, prefix: str = "") -> dict:
   out = {}
   for k, v in d.items():
@@ -112,10 +100,8 @@ def check_resume(workdir: str, cfg: ml_collections.ConfigDict,
     return
   with open(path) as f:
     old = _flat(json.load(f))
+  old = defaults.fill_dict(old)  # a field added since: the value the old run used
   new = _flat(json.loads(cfg.to_json_best_effort()))
-  for k, v in ADDED.items():
-    if k not in old and k in new:
-      old[k] = v
   changed = [f"{k}: {old.get(k, '(absent)')!r} -> {new.get(k, '(absent)')!r}"
              for k in sorted(set(old) | set(new))
              if old.get(k) != new.get(k) and k not in FREE_TO_CHANGE + tuple(allow)]

@@ -26,7 +26,7 @@ from rlscale.sampling import SamplingParams
 __all__ = ["ConfigError", "EVAL_METRICS", "check_directory", "validate"]
 
 # What rlscale.trainer.evaluation.Evaluator reports: eval/<key>_greedy with eval.greedy, and
-# eval/<key>_sampled with eval.sampled (tests/test_bad_configs.py reads the names from
+# eval/<key>_sampled with eval.sampled (tests/unit/resolve/test_bad_configs.py reads the names from
 # rlscale/trainer/evaluation.py).
 _EVAL_KEYS = ("accuracy", "reward", "response_len", "finished")
 EVAL_METRICS = tuple(f"eval/{k}_{m}" for m in ("greedy", "sampled") for k in _EVAL_KEYS)
@@ -108,7 +108,7 @@ def _mesh(errors: list[str], cfg) -> tuple[int, int]:
   except (ValueError, TypeError) as e:
     errors.append(f"mesh.rules={m.rules!r}: {e}")
     return 1, 1
-  n, split = jax.device_count(), m.get("roles", "colocated") == "split"
+  n, split = jax.device_count(), m.roles == "split"
   trainer = batch.batch_shards(m.shape, rules, n - m.sampler_devices if split else n)
   if not split:
     return trainer, trainer
@@ -214,7 +214,7 @@ def _train(errors: list[str], cfg) -> None:
     _bool(errors, "eval.sampled", e.sampled)
   if "greedy" in e:
     _bool(errors, "eval.greedy", e.greedy)
-    if e.greedy is False and e.get("sampled", False) is False:
+    if e.greedy is False and e.sampled is False:
       errors.append("eval.greedy=False with eval.sampled=False: the held-out set would never "
                     "be scored; keep one of them")
 
@@ -255,8 +255,7 @@ def _overlap(errors: list[str], cfg) -> None:
 def _target(errors: list[str], cfg) -> None:
   """The target is read from an evaluation metric: one that no evaluation reports is never met."""
   t = cfg.target
-  on = {"sampled": cfg.eval.get("sampled", False) is True,
-        "greedy": cfg.eval.get("greedy", True) is not False}
+  on = {"sampled": cfg.eval.sampled is True, "greedy": cfg.eval.greedy is not False}
   known = [m for m in EVAL_METRICS if on[m.rsplit("_", 1)[1]]]
   if t.metric not in known:
     off = [k for k, v in on.items() if not v]
@@ -321,13 +320,15 @@ def _files(errors: list[str], cfg, config_file: str | None) -> None:
   else:
     errors += check_directory(i.cache_dir, "init.cache_dir")
     _sft_base(errors, cfg, config_file)
-  if "critic" in cfg and cfg.critic.get("hf_checkpoint"):
+  if "critic" in cfg and cfg.critic.hf_checkpoint:
     _hf_folder(errors, "critic.hf_checkpoint", cfg.critic.hf_checkpoint, weights=True)
 
 
 def validate(cfg: ml_collections.ConfigDict, config_file: str | None = None,
-             workdir: str | None = None) -> batch.BatchPlan:
-  """Raise ConfigError listing every problem found in `cfg`; the batch plan when none.
+             workdir: str | None = None) -> None:
+  """Raise ConfigError listing every problem found in `cfg` (the sizes too: the batch plan's
+  own checks run on the mesh's shard counts; the run's plan is built once, by
+  resolve/resolved.py, with the task's lengths and the device memory).
 
   `config_file` (the file `cfg` came from) locates a relative init.sft_config as the run will;
   `workdir`, when given, must be a directory the run can create or reuse.
@@ -351,10 +352,8 @@ def validate(cfg: ml_collections.ConfigDict, config_file: str | None = None,
     _rl(errors, cfg)
   _files(errors, cfg, config_file)
   try:
-    plan = batch.plan(cfg, shards=shards, processes=jax.process_count(), gen_shards=gen_shards)
+    batch.plan(cfg, shards=shards, processes=jax.process_count(), gen_shards=gen_shards)
   except ConfigError as e:
     errors += [line.strip() for line in str(e).splitlines()[1:]]
-    plan = None
   if errors:
     raise ConfigError("invalid config:\n  " + "\n  ".join(e.strip() for e in errors))
-  return plan

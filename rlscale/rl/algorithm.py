@@ -83,7 +83,7 @@ def trained_model(ctx: Context, name: str, forward, loss, params, optim_cfg, pro
   """A `Trained` model sized by the plan's batch for `name` ("actor", "critic")."""
   from rlscale.rl.trained import Trained
   cfg = ctx.cfg
-  coef = float(cfg.rl.get("ptx_coef", 0.0)) if name == "actor" else 0.0
+  coef = float(cfg.rl.ptx_coef) if name == "actor" else 0.0
   return Trained(name, forward, loss, params, optim_cfg, batch=ctx.plan.models[name],
                  group_size=ctx.plan.group_size, total_responses=ctx.plan.total_responses,
                  aggregation=cfg.rl.loss_aggregation, max_len=cfg.rollout.max_new_tokens,
@@ -101,7 +101,7 @@ def demonstrations(ctx: Context):
   if errors:
     raise ConfigError("; ".join(errors))
   source = None
-  if cfg.task.get("demo_files"):
+  if cfg.task.demo_files:
     from rlscale.tasks.files import demonstration_pairs
     source = demonstration_pairs(cfg.task, env.task)
   return ptx.Demonstrations(env.task, int(cfg.rl.ptx_rows), int(cfg.rollout.max_new_tokens),

@@ -33,8 +33,8 @@ class GRPO:
   def __init__(self, ctx: algorithm.Context):
     r = ctx.cfg.rl
     self.rl = r
-    forward = policy_forward(ctx.graphdef, chunk=ctx.cfg.train.get("logprob_chunk", 0),
-                             remat=ctx.cfg.train.get("remat", "none"))
+    forward = policy_forward(ctx.graphdef, chunk=ctx.cfg.train.logprob_chunk,
+                             remat=ctx.cfg.train.remat)
     self.actor = algorithm.trained_model(ctx, "actor", forward, make_policy_loss(r), ctx.params,
                                          ctx.cfg.optim)
     self.models = {"actor": self.actor}

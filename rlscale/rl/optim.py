@@ -35,14 +35,14 @@ class Scaled:
 
 
 def scale(cfg: Mapping[str, Any], batch: float) -> Scaled:
-  rule = cfg.get("lr_scaling", "none")
+  rule = cfg["lr_scaling"]
   if rule not in RULES:
     raise ValueError(f"optim.lr_scaling={rule!r}; known: {RULES}")
-  ref = float(cfg.get("reference_batch") or batch)
+  ref = float(cfg["reference_batch"] or batch)
   k = batch / ref
   lr = float(cfg["lr"]) * {"none": 1.0, "linear": k, "sqrt": math.sqrt(k)}[rule]
-  b1, b2, eps = float(cfg.get("b1", 0.9)), float(cfg.get("b2", 0.999)), float(cfg.get("eps", 1e-8))
-  if cfg.get("adam_scaling", False):
+  b1, b2, eps = float(cfg["b1"]), float(cfg["b2"]), float(cfg["eps"])
+  if cfg["adam_scaling"]:
     clip = lambda b: min(max(1.0 - k * (1.0 - b), 0.0), 0.9999)
     b1, b2, eps = clip(b1), clip(b2), eps / math.sqrt(k)
   return Scaled(lr, b1, b2, eps, k)
@@ -53,21 +53,21 @@ def check(cfg: Mapping[str, Any], prefix: str = "optim") -> list[str]:
   errors = []
 
   def number(field, allowed, ok, default=None):
-    v = cfg.get(field, default)
+    v = cfg[field] if field in cfg else default
     if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
         or not ok(v)):
       errors.append(f"{prefix}.{field}={v!r} must be {allowed}")
 
   number("lr", "a positive number", lambda v: v > 0)
-  if cfg.get("schedule", "constant") not in SCHEDULES:
+  if cfg["schedule"] not in SCHEDULES:
     errors.append(f"{prefix}.schedule={cfg['schedule']!r}; known: {', '.join(SCHEDULES)}")
-  if cfg.get("lr_scaling", "none") not in RULES:
+  if cfg["lr_scaling"] not in RULES:
     errors.append(f"{prefix}.lr_scaling={cfg['lr_scaling']!r}; known: {', '.join(RULES)}")
-  ref = cfg.get("reference_batch")
+  ref = cfg["reference_batch"]
   if ref is not None and (isinstance(ref, bool) or not isinstance(ref, (int, float)) or ref <= 0):
     errors.append(f"{prefix}.reference_batch={ref!r} must be a positive number of responses "
                   f"(or None: the run's own batch)")
-  if not isinstance(cfg.get("adam_scaling", False), bool):
+  if not isinstance(cfg["adam_scaling"], bool):
     errors.append(f"{prefix}.adam_scaling={cfg['adam_scaling']!r} must be True or False")
   number("warmup_responses", ">= 0", lambda v: v >= 0, 0)
   number("final_lr_frac", "in [0, 1] (a fraction of lr)", lambda v: 0 <= v <= 1, 0.0)
@@ -76,7 +76,7 @@ def check(cfg: Mapping[str, Any], prefix: str = "optim") -> list[str]:
   number("b1", "in [0, 1)", lambda v: 0 <= v < 1, 0.9)
   number("b2", "in [0, 1)", lambda v: 0 <= v < 1, 0.999)
   number("eps", "> 0", lambda v: v > 0, 1e-8)
-  if cfg.get("state_dtype", "") not in STATE_DTYPES:
+  if cfg["state_dtype"] not in STATE_DTYPES:
     errors.append(f"{prefix}.state_dtype={cfg['state_dtype']!r}; known: '' (the parameters' "
                   f"dtype), 'float32'")
   return errors
@@ -89,11 +89,11 @@ def schedule(cfg: Mapping[str, Any], lr: float, total_responses: float,
   Linear warmup over `warmup_responses`, then constant, or cosine/linear decay to
   lr * final_lr_frac at `total_responses`.
   """
-  kind = cfg.get("schedule", "constant")
+  kind = cfg["schedule"]
   if kind not in SCHEDULES:
     raise ValueError(f"optim.schedule={kind!r}; known: {', '.join(SCHEDULES)}")
-  warm = float(cfg.get("warmup_responses", 0))
-  final = lr * float(cfg.get("final_lr_frac", 0.0))
+  warm = float(cfg["warmup_responses"])
+  final = lr * float(cfg["final_lr_frac"])
   span = max(total_responses - warm, 1.0)
 
   def fn(step):
@@ -125,10 +125,10 @@ def make(cfg: Mapping[str, Any], *, batch: float, total_responses: float,
   # update NaN (float32 parameters: unchanged).
   adam = optax.inject_hyperparams(optax.adamw, hyperparam_dtype=jnp.float32)(
       learning_rate=schedule(cfg, s.lr, total_responses, responses_per_step), b1=s.b1, b2=s.b2,
-      eps=s.eps, weight_decay=float(cfg.get("weight_decay", 0.0)))
-  clip = cfg.get("grad_clip", 0.0)
+      eps=s.eps, weight_decay=float(cfg["weight_decay"]))
+  clip = cfg["grad_clip"]
   opt = optax.chain(optax.clip_by_global_norm(clip), adam) if clip else adam
-  state_dtype = cfg.get("state_dtype", "")
+  state_dtype = cfg["state_dtype"]
   if state_dtype not in STATE_DTYPES:
     raise ValueError(f"optim.state_dtype={state_dtype!r}; known: '', 'float32'")
   return (in_dtype(opt, jnp.dtype(state_dtype)) if state_dtype else opt), s

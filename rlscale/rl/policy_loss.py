@@ -21,7 +21,7 @@ def make_policy_loss(rl: Mapping[str, Any], kl_in_loss: bool = True):
   taken around it (batch-size-invariant PPO).
   """
   eps_low, eps_high = float(rl["clip_eps_low"]), float(rl["clip_eps_high"])
-  dual = float(rl.get("dual_clip", 0.0)) or None
+  dual = float(rl["dual_clip"]) or None
   kl_coef = float(rl["kl_coef"]) if kl_in_loss else 0.0
   ent_coef = float(rl["entropy_coef"])
   kl_fn = KL_ESTIMATORS.get(rl["kl_estimator"])

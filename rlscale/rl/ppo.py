@@ -97,15 +97,15 @@ class PPO:
     cfg = ctx.cfg
     r, c, env = cfg.rl, cfg.critic, ctx.env
     self.rl, self.warmup_steps = r, c.warmup_steps
-    forward = policy_forward(ctx.graphdef, chunk=cfg.train.get("logprob_chunk", 0),
-                             remat=cfg.train.get("remat", "none"))
+    forward = policy_forward(ctx.graphdef, chunk=cfg.train.logprob_chunk,
+                             remat=cfg.train.remat)
     self.actor = algorithm.trained_model(ctx, "actor", forward, make_policy_loss(r, False),
                                          ctx.params, cfg.optim, prox_com=self.prox_com)
     critic, _ = hf.load_model(c.hf_checkpoint or ctx.base, models.ValueModel, env.mesh,
                               env.rules, key=jax.random.key(cfg.seed + 1), dtype=cfg.model.dtype,
                               param_dtype=cfg.model.param_dtype)
     critic_graphdef, critic_params = nnx.split(critic)
-    critic_forward = value_forward(critic_graphdef, remat=cfg.train.get("remat", "none"))
+    critic_forward = value_forward(critic_graphdef, remat=cfg.train.remat)
     self.critic = algorithm.trained_model(ctx, "critic", critic_forward, make_critic_loss(c),
                                           critic_params, c.optim)
     self.models = {"actor": self.actor, "critic": self.critic}

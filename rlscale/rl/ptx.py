@@ -32,7 +32,7 @@ from rlscale.tasks.base import Problem, Task, left_pad, right_pad, turn_end_id
 
 def check(rl: Mapping[str, Any], unit: int) -> list[str]:
   """Errors of the ptx fields; `unit` is batch shards x processes (rows must split over it)."""
-  coef, rows = rl.get("ptx_coef", 0.0), rl.get("ptx_rows", 8)
+  coef, rows = rl["ptx_coef"], rl["ptx_rows"]
   if isinstance(coef, bool) or not isinstance(coef, (int, float)) or coef < 0:
     return [f"rl.ptx_coef={coef!r} must be a number >= 0 (0 turns PPO-ptx off)"]
   if not coef:

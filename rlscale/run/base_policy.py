@@ -18,10 +18,11 @@ import ml_collections
 from absl import logging
 
 from rlscale.config import files as config_files
-from rlscale.resolve import experiment
+from rlscale.resolve import experiment, resolved
+from rlscale.trainer import sft_trainer
 
 
-def resolve(cfg: ml_collections.ConfigDict, config_file: str | None) -> str:
+def find_or_build(cfg: ml_collections.ConfigDict, config_file: str | None) -> str:
   """A Hugging Face folder with the base policy: init.hf_checkpoint, else model.hf_checkpoint,
   else the SFT base built from init.sft_config.
 
@@ -50,7 +51,8 @@ def sft_config(cfg: ml_collections.ConfigDict,
   `seed=` of init.sft_config), not the run's: RL seeds of a sweep share one base policy."""
   sft_cfg = config_files.load(cfg.init.sft_config, config_file)
   with sft_cfg.unlocked():
-    sft_cfg.model, sft_cfg.task, sft_cfg.mesh = cfg.model, cfg.task, cfg.mesh
+    for section in ("model", "task", "mesh"):
+      sft_cfg[section] = ml_collections.ConfigDict(cfg[section])  # an unfrozen copy
   return sft_cfg
 
 
@@ -61,17 +63,13 @@ def cache_folder(cfg: ml_collections.ConfigDict, config_file: str | None) -> str
 
 
 def _complete(policy: str) -> bool:
-  from rlscale.trainer import sft_trainer as sft
-  return os.path.exists(os.path.join(policy, sft.DONE))
+  return os.path.exists(os.path.join(policy, sft_trainer.DONE))
 
 
 def _build(cfg: ml_collections.ConfigDict, sft_cfg: ml_collections.ConfigDict, folder: str) -> None:
-  from rlscale.trainer import sft_trainer as sft
-  from rlscale.resolve.validate import validate
   logging.info("base policy: building it with %s (%d SFT steps) into %s; later runs reuse it",
                cfg.init.sft_config, sft_cfg.train.num_steps, folder)
-  validate(sft_cfg)
-  sft.run(sft_cfg, folder)  # writes the COMPLETE marker last, from process 0
+  sft_trainer.run(resolved.resolve(sft_cfg, folder))  # writes COMPLETE last, from process 0
   if jax.process_count() > 1:  # every process is done before process 0 lets other runs in
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices("base policy built")

@@ -1,4 +1,10 @@
-"""Run an experiment config: SFT of a base policy, or RL (any registered algorithm) from one."""
+"""Run an experiment config: SFT of a base policy, or RL (any registered algorithm) from one.
+
+The order is fixed: resolve the config once (every field checked, meshes, task, model config
+and batch plan built: rlscale/resolve/resolved.py), refuse a run directory holding another
+config's checkpoints, take the directory's lock, find or build the base policy (RL), and only
+then construct the trainer, which receives all of it.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +14,9 @@ import jax
 import ml_collections
 from absl import logging
 
-from rlscale.resolve import experiment
-from rlscale.run import workdir_lock
-from rlscale.resolve.validate import validate
+from rlscale.resolve import experiment, resolved
+from rlscale.run import base_policy, workdir_lock
+from rlscale.trainer import rl_trainer, sft_trainer
 
 
 def default_workdir(cfg: ml_collections.ConfigDict, config_file: str | None) -> str:
@@ -25,17 +31,15 @@ def main(cfg: ml_collections.ConfigDict, workdir: str | None = None,
   a resumed run may change (e.g. train.num_steps to extend it). With `base_policy_only`, only
   build (or find) the policy the run starts from: {"base_policy": its folder}."""
   workdir = workdir or default_workdir(cfg, config_file)
-  validate(cfg, config_file=config_file, workdir=workdir)  # every field, before any compute
   if base_policy_only:
-    if cfg.kind == "sft":
-      return {}
-    from rlscale.run import base_policy
-    return {"base_policy": base_policy.resolve(cfg, config_file)}
-  experiment.check_resume(workdir, cfg, allow_config_change)
+    cfg = resolved.check(cfg, workdir, config_file)  # every field, before any compute
+    return {} if cfg.kind == "sft" else {"base_policy": base_policy.find_or_build(
+        cfg, config_file)}
+  run = resolved.resolve(cfg, workdir, config_file)  # every field, before any compute
+  experiment.check_resume(workdir, run.cfg, allow_config_change)
   logging.info("workdir %s", os.path.abspath(workdir))
   with workdir_lock.held(workdir, jax.process_index() == 0):  # one run at a time in it
-    if cfg.kind == "sft":
-      from rlscale.trainer import sft_trainer as sft
-      return sft.run(cfg, workdir)
-    from rlscale.trainer import rl_trainer as rl_loop  # every algorithm of rlscale/rl/algorithm.py
-    return rl_loop.run(cfg, workdir, config_file)
+    if run.kind == "sft":
+      return sft_trainer.run(run)
+    run = run.with_base(base_policy.find_or_build(run.cfg, config_file))
+    return rl_trainer.run(run)  # every algorithm of rlscale/rl/algorithm.py

@@ -202,6 +202,6 @@ def base_key(config: str, point: Point) -> str | None:
   with cfg.unlocked():
     for path, value in point.fields.items():
       _set(cfg, path, value, path)
-  if cfg.get("kind") == "sft":
+  if cfg.kind == "sft":
     return None
   return base_policy.cache_folder(cfg, config)

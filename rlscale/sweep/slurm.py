@@ -4,7 +4,7 @@ Why generated scripts and not submitit: the script is the whole story, a file a 
 edit and `sbatch` by hand; `--dry_run` prints exactly what is submitted; nothing is pickled
 (a point is a shell command, so a job does not need this Python's exact environment to unpickle
 a callable); and sbatch, srun, squeue, sacct and scontrol are easy to fake offline
-(tests/fake_slurm/), so the whole path is tested on a laptop.
+(tests/support/fake_slurm/), so the whole path is tested on a laptop.
 
 What is submitted, in `<sweep dir>/slurm/`:
   base-<recipe>.sh  one single-task job per base policy the points need that is not built yet

@@ -181,7 +181,7 @@ def stage_results(sweep_dir: str, metric: str | None = None,
       continue
     with open(cfg_path) as f:
       cfg = json.load(f)
-    t = cfg.get("target") or {}
+    t = cfg.get("target") or {}  # config.json of the run (an SFT run has no target)
     name = metric or t.get("metric")
     value = target if target is not None else t.get("value")
     rows = _rows(e.run_dir)

@@ -267,7 +267,7 @@ class FileTask(TextTask):
   def __init__(self, cfg: Mapping[str, Any], tokenizer: Tokenizer):
     super().__init__(cfg, tokenizer)
     self.fields = (str(cfg["prompt_field"]), str(cfg["answer_field"]))
-    eval_files, fraction = cfg.get("eval_files", "") or "", cfg.get("eval_fraction", 0.0)
+    eval_files, fraction = cfg["eval_files"] or "", cfg["eval_fraction"]
     _check_split(eval_files, fraction)
     if eval_files and fraction:
       logging.warning("task.eval_files is set: task.eval_fraction=%s is ignored", fraction)

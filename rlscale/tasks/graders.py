@@ -187,13 +187,12 @@ class _Worker:
     self.selector: selectors.BaseSelector | None = None
 
   def start(self) -> None:
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (root, os.environ.get("PYTHONPATH", "")) if p))
+    # The child imports rlscale as this process did: installed, or from the same PYTHONPATH or
+    # working directory, which it inherits.
     self.proc = subprocess.Popen(
         [sys.executable, "-c", "from rlscale.tasks.graders import serve; serve()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        bufsize=0, env=env, close_fds=True)
+        bufsize=0, close_fds=True)
     self.ready, self.buffer = False, b""
     self.selector = selectors.DefaultSelector()
     self.selector.register(self.proc.stdout, selectors.EVENT_READ)

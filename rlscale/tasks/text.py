@@ -31,15 +31,15 @@ class TextTask(Task):
     self.num_eval = int(cfg["num_eval"])
     self.max_prompt_len = int(cfg["max_prompt_len"])
     self.max_answer_len = int(cfg["max_answer_len"])
-    self.system_prompt = cfg.get("system_prompt", "") or ""
-    instruction = cfg.get("instruction", INSTRUCTION)
+    self.system_prompt = cfg["system_prompt"] or ""
+    instruction = cfg["instruction"]
     self.instruction = INSTRUCTION if instruction is None else instruction
-    thinking = cfg.get("enable_thinking", None)
+    thinking = cfg["enable_thinking"]
     self.enable_thinking = None if thinking is None else bool(thinking)
     # task.grader (tasks/graders.py); configs older than the field graded as 'numeric' does
-    self.grade = graders.make({"grader": cfg.get("grader", "numeric"),
-                               "grader_regex": cfg.get("grader_regex", ""),
-                               "grader_timeout_s": cfg.get("grader_timeout_s", 2.0)})
+    self.grade = graders.make({"grader": cfg["grader"],
+                               "grader_regex": cfg["grader_regex"],
+                               "grader_timeout_s": cfg["grader_timeout_s"]})
 
   # --- what a source provides ---
   _train_size: int

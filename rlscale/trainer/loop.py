@@ -7,12 +7,7 @@ before it reaches a checkpoint, track the target, and keep per-phase times that 
 the step. An interrupted run (an exception, Ctrl-C, SIGTERM) still completes the saves it
 began.
 
-A trainer has: `state()` (the checkpointed arrays) and `load(state, meta)`, `meta()` (its
-host state, JSON), `counters` (a dict of sample-axis counts it keeps), `sample_key` (the
-counter that is the sample axis, e.g. responses_seen) and `samples_per_step`,
-`begin(step)` (dispatch what needs no host sync, e.g. the decode), `complete(step, begun,
-t_start) -> Pending` (the rest of the step, its update dispatched), `metrics(pending, fetched)`
-and `rates(pending, wall)` (host metrics of a finished step), `evaluate(step)`, `progress(row)`.
+What a trainer provides is the `Trainer` protocol below; the RL and SFT trainers satisfy it.
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +51,45 @@ class Pending:
   info: Any = None  # the trainer's own
 
 
+@runtime_checkable
+class Trainer(Protocol):
+  """What one step is, for the loop: the RL trainer (trainer/rl_trainer.py) and the SFT trainer
+  (trainer/sft_trainer.py) implement it."""
+  sample_key: str  # the counter that is the sample axis, e.g. responses_seen
+  samples_per_step: int
+  counters: dict[str, Any]  # sample-axis counts the trainer keeps (checkpointed)
+
+  def state(self) -> Any:
+    """The checkpointed arrays."""
+
+  def load(self, state: Any, meta: dict[str, Any]) -> None:
+    """Restore `state()` and `meta()` of a checkpoint."""
+
+  def meta(self) -> dict[str, Any]:
+    """Host state (JSON) saved beside the arrays."""
+
+  def begin(self, step: int) -> Any:
+    """Dispatch what needs no host sync (e.g. the decode)."""
+
+  def complete(self, step: int, begun: Any, t_start: float) -> "Pending":
+    """The rest of the step, its update dispatched."""
+
+  def metrics(self, pending: "Pending", fetched: dict[str, Any]) -> dict[str, Any]:
+    """Host metrics of a finished step from its fetched device metrics."""
+
+  def rates(self, pending: "Pending", wall: float) -> dict[str, float]:
+    """Throughput of a finished step that lasted `wall` seconds."""
+
+  def evaluate(self, step: int) -> dict[str, float]:
+    """The held-out evaluation at `step`."""
+
+  def progress(self, row: dict[str, Any], last_eval: dict[str, float]) -> dict[str, Any]:
+    """The few numbers of the console's progress line."""
+
+  def finish(self, counters: dict[str, Any], last_eval: dict[str, float]) -> dict[str, Any]:
+    """Write the run's outputs (policy, summary.json); the summary."""
+
+
 def _non_finite(fetched: dict[str, Any]) -> list[str]:
   return [f"{group}/{k}={v}" for group, m in fetched.items() for k, v in m.items()
           if not np.isfinite(v)]
@@ -75,14 +109,15 @@ def non_finite_leaves(state) -> list[str]:
 
 
 class Loop:
-  def __init__(self, trainer, cfg: ml_collections.ConfigDict, workdir: str, num_steps: int,
+  def __init__(self, trainer: Trainer, cfg: ml_collections.ConfigDict, workdir: str,
+               num_steps: int,
                eval_at_start: bool):
     self.trainer, self.cfg, self.workdir = trainer, cfg, workdir
     self.steps, self.eval_at_start = num_steps, eval_at_start
     t = cfg.train
     self.ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), t.keep_checkpoints,
                              t.async_checkpoint)
-    self.target = cfg.get("target")
+    self.target = cfg.target if "target" in cfg else None  # SFT has none
     self.counters: dict[str, Any] = {"step": 0, "wall_time": 0.0, "seed": cfg.seed}
     self.last_eval: dict[str, float] = {}
     self.metrics_rows: str | None = None
@@ -95,7 +130,7 @@ class Loop:
     return step == self.steps or bool(every and step % every == 0)
 
   def eval_due(self, step: int) -> bool:
-    e = self.cfg.train.get("eval_every_responses", 0)
+    e = self.cfg.train.eval_every_responses
     if e:  # at fixed sample marks, the x every batch size shares
       n = self.trainer.samples_per_step
       return step == self.steps or (step - 1) * n // e < step * n // e

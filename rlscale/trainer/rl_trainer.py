@@ -19,15 +19,13 @@ import time
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 from absl import logging
 from flax import nnx
 
-from rlscale.run import base_policy
 from rlscale.plan import batch
 from rlscale.parallel import distributed
-from rlscale.resolve import experiment
+from rlscale.resolve import experiment, resolved
 from rlscale.metrics import flops
 from rlscale.metrics import memory_report
 from rlscale.parallel import roles
@@ -59,18 +57,18 @@ class Begun:
 class RLTrainer:
   sample_key = "responses_seen"
 
-  def __init__(self, cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None,
-               env: experiment.Setup | None = None):
-    """`env` (mesh, rules, task) replaces the one `cfg` describes: benchmarks/rl_step.py runs
-    the trainer on a task of its own."""
-    self.cfg, self.workdir = cfg, workdir
-    self.env = env = env or experiment.setup(cfg)
-    base = base_policy.resolve(cfg, config_file)
-    experiment.prepare_workdir(workdir, cfg)
+  def __init__(self, run: resolved.Resolved):
+    """`run`: the resolved config, its setup (mesh, rules, task), batch plan and base policy."""
+    if run.base is None:
+      raise ValueError("RLTrainer needs the base policy's folder: Resolved.with_base(...)")
+    cfg, base = run.cfg, run.base
+    self.cfg, self.workdir = cfg, run.workdir
+    self.env = env = run.setup
+    experiment.prepare_workdir(self.workdir, cfg)
     policy, self.model_cfg = hf.load_policy(base, env.mesh, env.rules, dtype=cfg.model.dtype,
                                             param_dtype=cfg.model.param_dtype)
     self.graphdef, params = nnx.split(policy)
-    self.plan = batch.plan_for(cfg, env)
+    self.plan = run.plan
     logging.info("batch plan: %s", self.plan.summary_line())
     self.algo = algorithm.build(algorithm.Context(cfg, self.plan, env, self.graphdef, params, base))
     self.actor = self.algo.models["actor"]
@@ -78,7 +76,7 @@ class RLTrainer:
     self.counters = {"responses_seen": 0, "tokens_seen": 0}
     ro, tok = cfg.rollout, env.task.tokenizer
     self.meshes = env.meshes
-    self.overlap = bool(ro.get("overlap", False))
+    self.overlap = bool(ro.overlap)
     self.sync = roles.WeightSync(self.meshes, env.rules, keep_copy=self.overlap)
     self.sampler_params = self.sync(self.actor.params)  # the weights that sample, on its mesh
     self.prefetched: Begun | None = None  # overlap: the next step's decode, dispatched
@@ -251,7 +249,8 @@ class RLTrainer:
     return out
 
 
-def run(cfg: ml_collections.ConfigDict, workdir: str, config_file: str | None = None) -> dict:
-  trainer = RLTrainer(cfg, workdir, config_file)
-  loop = Loop(trainer, cfg, workdir, trainer.plan.num_steps, eval_at_start=True)
+def run(run: resolved.Resolved) -> dict:
+  """Train from `run.base` (found or built before: rlscale/run/base_policy.py)."""
+  trainer = RLTrainer(run)
+  loop = Loop(trainer, run.cfg, run.workdir, trainer.plan.num_steps, eval_at_start=True)
   return trainer.finish(*loop.run())

@@ -11,15 +11,13 @@ import time
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from absl import logging
 from flax import nnx
 
 from rlscale import models
-from rlscale.plan import batch
 from rlscale.parallel import distributed
-from rlscale.resolve import experiment
+from rlscale.resolve import experiment, resolved
 from rlscale.rl import optim
 from rlscale.parallel import sharding
 from rlscale.checkpoints import hf
@@ -51,11 +49,13 @@ class SFTTrainer:
   """Steps of `sft.batch_size` demonstrations; the loop (rlscale/trainer/loop.py) runs them."""
   sample_key = "examples_seen"
 
-  def __init__(self, cfg: ml_collections.ConfigDict, workdir: str):
-    self.cfg, self.workdir = cfg, workdir
-    self.env = env = experiment.setup(cfg)
-    experiment.prepare_workdir(workdir, cfg)
-    self.plan = batch.plan_for(cfg, env)
+  def __init__(self, run: resolved.Resolved):
+    """`run`: the resolved config, its setup (mesh, rules, task) and batch plan."""
+    cfg = run.cfg
+    self.cfg, self.workdir = cfg, run.workdir
+    self.env = env = run.setup
+    experiment.prepare_workdir(self.workdir, cfg)
+    self.plan = run.plan
     logging.info("batch plan: %s", self.plan.summary_line())
     self.batch_size = self.samples_per_step = self.plan.num_prompts
     self.key = jax.random.key(cfg.seed)
@@ -65,8 +65,8 @@ class SFTTrainer:
     optimizer, _ = optim.make(cfg.optim, batch=self.batch_size,
                               total_responses=self.plan.total_responses,
                               responses_per_step=self.batch_size)
-    forward = policy_forward(self.graphdef, chunk=cfg.train.get("logprob_chunk", 0),
-                             remat=cfg.train.get("remat", "none"))
+    forward = policy_forward(self.graphdef, chunk=cfg.train.logprob_chunk,
+                             remat=cfg.train.remat)
     self.update = make_update(forward, optimizer, nll_loss,
                               num_minibatches=1, num_epochs=1,
                               microbatch=self.plan.main.microbatch, aggregation="token-mean",
@@ -134,7 +134,7 @@ class SFTTrainer:
     return summary
 
 
-def run(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
-  trainer = SFTTrainer(cfg, workdir)
-  loop = Loop(trainer, cfg, workdir, trainer.plan.num_steps, eval_at_start=False)
+def run(run: resolved.Resolved) -> dict:
+  trainer = SFTTrainer(run)
+  loop = Loop(trainer, run.cfg, run.workdir, trainer.plan.num_steps, eval_at_start=False)
   return trainer.finish(*loop.run())

@@ -1,0 +1,108 @@
+"""The value of every field a config may lack: one table, filled in once when a config is read.
+
+A config written before a field existed (a run's config.json, a user's own file) lacks it; the
+value here is what such a run did, so filling it in changes no number. `fill` is applied by
+config/files.py when a config is loaded and by resolve/ before a run, and `check_resume` fills
+an old config.json with the same table: library code reads every field directly.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import ml_collections
+
+# Sections of an optimizer: the fields below under "optim." apply to each of them.
+_OPTIMIZERS = ("optim", "critic.optim")
+
+DEFAULTS = {
+    "mesh.roles": "colocated", "mesh.sampler_devices": 0, "mesh.sampler_shape": (-1, 1, 1),
+    "rollout.overlap": False,
+    "train.remat": "none", "train.logprob_chunk": 0, "train.total_responses": 0,
+    "train.eval_every_responses": 0,
+    "optim.lr_scaling": "none", "optim.adam_scaling": False, "optim.schedule": "constant",
+    "optim.warmup_responses": 0, "optim.final_lr_frac": 0.0, "optim.b1": 0.9, "optim.b2": 0.999,
+    "optim.eps": 1e-8, "optim.weight_decay": 0.0, "optim.grad_clip": 0.0, "optim.state_dtype": "",
+    "optim.reference_batch": None,
+    "rl.kl_coef": 0.0, "rl.prox_com": 0.0, "rl.dual_clip": 0.0, "rl.ptx_coef": 0.0,
+    "rl.ptx_rows": 8,
+    "task.train_files": "", "task.eval_files": "", "task.eval_fraction": 0.0,
+    "task.prompt_field": "question", "task.answer_field": "answer", "task.system_prompt": "",
+    "task.instruction": "Put the final answer in \\boxed{}.", "task.enable_thinking": None,
+    "task.grader": "numeric", "task.grader_regex": "", "task.grader_timeout_s": 2.0,
+    "task.demo_files": "", "task.demo_field": "response",
+    "eval.greedy": True, "eval.sampled": False,
+}
+
+
+def _expanded() -> dict:
+  out = {}
+  for key, value in DEFAULTS.items():
+    if key.startswith("optim."):
+      for section in _OPTIMIZERS:
+        out[section + key[len("optim"):]] = value
+    else:
+      out[key] = value
+  return out
+
+
+EXPANDED = _expanded()  # "critic.optim.b1" as well as "optim.b1"
+
+
+def missing(cfg) -> dict:
+  """{dotted field: default} of the fields `cfg`'s sections lack (absent sections stay absent)."""
+  out = {}
+  for key, value in EXPANDED.items():
+    section, _, field = key.rpartition(".")
+    node = cfg
+    for part in section.split("."):
+      node = node[part] if _has(node, part) else None
+      if node is None:
+        break
+    if node is not None and not _has(node, field):
+      out[key] = value
+  return out
+
+
+def _has(node, name: str) -> bool:
+  try:
+    return name in node
+  except TypeError:  # a value where a section was expected: the check names it
+    return False
+
+
+def fill(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`cfg` with every field its sections lack set to its default (a copy when any is)."""
+  todo = missing(cfg)
+  if not todo:
+    return cfg
+  cfg = copy.deepcopy(cfg)
+  with cfg.unlocked():
+    for key, value in todo.items():
+      section, _, field = key.rpartition(".")
+      node = cfg
+      for part in section.split("."):
+        node = node[part]
+      with node.unlocked():
+        setattr(node, field, value)
+  return cfg
+
+
+def fill_dict(flat: dict) -> dict:
+  """A flattened config.json ({"a.b": v}) with the defaults of its sections' missing fields."""
+  sections = {k.rpartition(".")[0] for k in flat}
+  out = dict(flat)
+  for key, value in EXPANDED.items():
+    if key.rpartition(".")[0] in sections and key not in out:
+      out[key] = list(value) if isinstance(value, tuple) else value
+  return out
+
+
+def fill_json(config: dict) -> dict:
+  """A run's config.json (nested dicts) with the defaults of its sections' missing fields."""
+  return fill(ml_collections.ConfigDict(config)).to_dict()
+
+
+def fill_optim(section: dict) -> ml_collections.ConfigDict:
+  """An optimizer section (`{"lr": ...}` alone, say) with the fields it lacks at their defaults."""
+  return fill(ml_collections.ConfigDict({"optim": section})).optim

@@ -1,0 +1,168 @@
+"""launch/study.py: stages run in order; a stage's choice reaches the later stages' config."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import REPO, FIXTURES
+from rlscale.config.errors import ConfigError
+from rlscale.sweep import study
+from tests.support.sweep_helpers import FAKE_RUN
+
+STUDY = os.path.join(FIXTURES, "fake_study_stages.py")
+
+
+def study_cli(tmp_path, *flags, spec=STUDY):
+  argv = [sys.executable, os.path.join(REPO, "launch", "study.py"), f"--study={spec}",
+          f"--workdir={tmp_path / 'st'}", "--run_command=" + " ".join(FAKE_RUN), *flags]
+  return subprocess.run(argv, capture_output=True, text=True, timeout=300)
+
+
+def test_choose_takes_the_rate_whose_slowest_seed_gets_there_first():
+  runs = [{"overrides": {"lr": 1.0}, "responses_to_target": 300, "final": 0.7},
+          {"overrides": {"lr": 1.0}, "responses_to_target": 500, "final": 0.7},
+          {"overrides": {"lr": 2.0}, "responses_to_target": 200, "final": 0.6},
+          {"overrides": {"lr": 2.0}, "responses_to_target": None, "final": 0.4},
+          {"overrides": {"lr": 2.0}, "responses_to_target": 100, "final": 0.8}]
+  value, table = study.choose(runs, "lr")
+  # lr=2 has the lower median (200 vs 400) but a seed that never got there: lr=1 is chosen.
+  assert value == 1.0
+  assert {t["lr"]: t["median_responses_to_target"] for t in table} == {1.0: 400, 2.0: 200}
+  assert {t["lr"]: t["worst_responses_to_target"] for t in table} == {1.0: 500, 2.0: None}
+  # A seed that fell more than the band below the target after reaching it: not eligible.
+  runs = [{"overrides": {"lr": 1.0}, "responses_to_target": 300, "final": 0.7, "drop": 0.0},
+          {"overrides": {"lr": 2.0}, "responses_to_target": 100, "final": 0.7, "drop": 0.2}]
+  assert study.choose(runs, "lr", band=0.05)[0] == 1.0
+
+
+def test_choose_breaks_a_tie_of_unreached_values_by_the_final_metric():
+  runs = [{"overrides": {"lr": 1.0}, "responses_to_target": None, "final": 0.3},
+          {"overrides": {"lr": 3.0}, "responses_to_target": None, "final": 0.5}]
+  value, table = study.choose(runs, "lr")
+  assert value == 3.0 and all(t["median_responses_to_target"] is None for t in table)
+
+
+def test_the_chosen_value_reaches_the_next_stage(tmp_path):
+  r = study_cli(tmp_path, "--noreport")
+  assert r.returncode == 0, r.stdout + r.stderr
+  with open(tmp_path / "st" / "study.json") as f:
+    record = json.load(f)
+  assert record["chosen"]["lr"]["value"] == 1.0  # lr=2 has a seed that never got there
+  assert record["stages"]["after"]["config"].endswith("fake_sweep_config.py:lr=1.0")
+  for seed in (0, 1):
+    with open(tmp_path / "st" / "after" / f"seed={seed}" / "summary.json") as f:
+      assert json.load(f)["config"].endswith(":lr=1.0")
+  runs = [d for d in os.listdir(tmp_path / "st" / "lr") if d.startswith("lr=")]
+  assert len(runs) == 6
+  again = study_cli(tmp_path, "--noreport")  # nothing left to run: the same choice
+  assert again.returncode == 0, again.stderr
+  for d in runs:  # no run started twice
+    assert open(tmp_path / "st" / "lr" / d / "starts.txt").read().count("start") == 1
+  with open(tmp_path / "st" / "study.json") as f:
+    assert json.load(f)["chosen"]["lr"]["value"] == 1.0
+
+
+def test_dry_run_lists_stages_and_runs_nothing(tmp_path):
+  r = study_cli(tmp_path, "--dry_run")
+  assert r.returncode == 0, r.stderr
+  assert "lr: sweep lr_scan" in r.stdout and "6 points, chooses lr" in r.stdout
+  assert "after the choice of lr" in r.stdout
+  assert not (tmp_path / "st").exists()
+
+
+def test_a_stage_using_an_unmade_choice_is_refused_in_one_line(tmp_path):
+  r = study_cli(tmp_path, spec=STUDY + ":unchosen")
+  assert r.returncode == 2
+  assert r.stderr.strip().splitlines() == [
+      "error: stage 'after': its config '" + os.path.join(FIXTURES,
+                                                          "fake_sweep_config.py")
+      + ":lr={lr}' uses ['lr'], which no earlier stage chooses"]
+
+
+def test_a_file_without_stages_is_refused():
+  with pytest.raises(ConfigError, match="declares no stages"):
+    study.declared(os.path.join(FIXTURES, "fake_sweep_config.py"))
+
+
+def test_the_report_script_is_found_in_the_checkout():
+  from rlscale.sweep import study_cli
+  assert study_cli.report_script() == os.path.join(REPO, "analysis", "report.py")
+
+
+def test_a_choice_per_group_extends_an_edge_until_it_is_inside(tmp_path):
+  """p=1's scan (lr 1, 2) has its optimum at 4: the study runs 4, then 8, and chooses 4; p=2's
+  optimum is inside its scan. The later stage takes each p's choice ("{lr}") and p=2's
+  ("{lr:p=2}"), running a point once when both are the same."""
+  r = study_cli(tmp_path, "--noreport", spec=STUDY + ":edge")
+  assert r.returncode == 0, r.stdout + r.stderr
+  with open(tmp_path / "st" / "study.json") as f:
+    record = json.load(f)
+  chosen = record["chosen"]["lr"]
+  assert chosen["values"] == {"p=1": 4.0, "p=2": 2.0} and chosen["per"] == ["p"]
+  assert record["stages"]["scan"]["extended"] == {"p=1": 2}
+  assert sorted({o["lr"] for o in record["stages"]["scan"]["extra"]}) == [4.0, 8.0]
+  table = {t["lr"]: t["median_responses_to_target"] for t in chosen["tables"]["p=1"]}
+  assert table == {1.0: 250, 2.0: 100, 4.0: 50, 8.0: 100}   # crossing the 0.25 target
+  assert record["target"]["value"] == 0.25 and record["target"]["plateau"] == 0.5
+  after = sorted(d for d in os.listdir(tmp_path / "st" / "after") if d.startswith("p="))
+  assert after == ["p=1,lr=2", "p=1,lr=4", "p=2,lr=2"]
+
+
+def test_choose_prefers_a_stable_rate_within_the_band():
+  runs = [{"overrides": {"lr": 1.0}, "responses_to_target": 400, "final": 0.60},
+          {"overrides": {"lr": 2.0}, "responses_to_target": 300, "final": 0.58},
+          {"overrides": {"lr": 4.0}, "responses_to_target": 200, "final": 0.45}]
+  value, table = study.choose(runs, "lr", band=0.05)
+  assert value == 2.0  # 4.0 is faster but ends 0.15 below the best final: not eligible
+  assert [t["eligible"] for t in table] == [True, True, False]
+  assert study.choose(runs, "lr")[0] == 4.0  # without a band
+
+
+def test_the_shipped_cpu_study_declares_its_stages(tmp_path, monkeypatch):
+  r = subprocess.run([sys.executable, os.path.join(REPO, "launch", "study.py"),
+                      "--study=configs/studies/chain_sum_cpu.py", f"--workdir={tmp_path}/st",
+                      "--dry_run"], capture_output=True, text=True, timeout=300, cwd=REPO)
+  assert r.returncode == 0, r.stderr
+  heads = [line for line in r.stdout.splitlines() if not line.startswith("  ")]
+  assert heads == [
+      "grpo_lr: sweep lr_scan of configs/grpo_chain_sum.py, 48 points, chooses lr per p",
+      "grpo: sweep confirm of configs/grpo_chain_sum.py (after the choice of lr)",
+      "pairs: sweep pairs of configs/grpo_chain_sum.py (after the choice of lr)",
+      "ppo_lr: sweep lr_scan of configs/ppo_chain_sum.py, 12 points, chooses optim.lr per p",
+      "ppo: sweep confirm of configs/ppo_chain_sum.py (after the choice of optim.lr)"]
+  # Its later stages are valid sweeps once the rates are chosen (checked before anything runs).
+  from rlscale.sweep import points
+  monkeypatch.chdir(REPO)
+  runner = study.StudyRunner("configs/studies/chain_sum_cpu.py", str(tmp_path / "st"))
+  runner.record["chosen"]["lr"] = {"per": ["p"], "values": {
+      f"p={p}": 1e-4 * p for p in (1, 2, 4, 8)}}
+  grpo = runner.points_of(runner.stages[1], str(tmp_path / "g"))
+  assert len(grpo) == 35  # 4 P x {own, p=2's} x 5 seeds, p=2's own and reference merged
+  assert {p.overrides["lr"] for p in grpo if p.overrides["p"] == 8} == {8e-4, 2e-4}
+  assert len(runner.points_of(runner.stages[2], str(tmp_path / "p"))) == 10
+  assert points.points("configs/ppo_chain_sum.py", "lr_scan", str(tmp_path / "q"))[0].overrides[
+      "critic.warmup_steps"] == 32  # 512 warm-up responses at P x G = 16
+
+
+@pytest.mark.slow
+def test_the_tiny_cpu_study_runs_end_to_end_into_its_report_dir(tmp_path):
+  """The shipped study at the tests' shape, real runs: every stage, the lr chosen per P, the
+  target set from the scan, the later stages reading the choices, the report written to
+  --report_dir with study.json beside it."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  r = subprocess.run([sys.executable, os.path.join(REPO, "launch", "study.py"),
+                      f"--study={REPO}/configs/studies/chain_sum_cpu.py:tiny", "--workdir=st",
+                      "--parallel=2", f"--report_dir={tmp_path / 'docs'}"],
+                     capture_output=True, text=True, timeout=1200, cwd=tmp_path, env=env)
+  assert r.returncode == 0, r.stderr[-3000:]
+  with open(tmp_path / "docs" / "study.json") as f:
+    record = json.load(f)
+  assert set(record["chosen"]["lr"]["values"]) == {"p=1", "p=2"}
+  assert set(record["chosen"]["optim.lr"]["values"]) == {"p=2", "p=4"}
+  assert record["target"]["metric"] == "eval/accuracy_sampled"
+  assert set(record["stages"]) == {"grpo_lr", "grpo", "pairs", "ppo_lr", "ppo"}
+  md = (tmp_path / "docs" / "report.md").read_text()
+  assert "## Verdict" in md and "## Runs not used" in md
