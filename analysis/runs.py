@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 from rlscale.config import defaults
+from rlscale.metrics.rows import read_rows
 
 
 @dataclasses.dataclass
@@ -62,17 +63,9 @@ def load(path: str) -> Run:
       return {}
     with open(p) as f:
       return json.load(f)
-  rows = []
-  p = os.path.join(path, "metrics.jsonl")
-  if os.path.exists(p):
-    with open(p) as f:
-      for line in f:
-        try:
-          rows.append(json.loads(line))
-        except json.JSONDecodeError:
-          pass  # a line cut by a crash
   # A config.json written before a field existed: that field at the value the run used.
-  return Run(path, defaults.fill_json(read("config.json")), rows, read("summary.json"))
+  return Run(path, defaults.fill_json(read("config.json")), read_rows(path),
+             read("summary.json"))
 
 
 def expand(paths: list[str], only: str | None = None) -> list[str]:

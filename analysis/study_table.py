@@ -38,6 +38,7 @@ import pandas as pd
 
 from analysis.runs import Run
 from analysis import stats
+from rlscale.config import defaults
 from rlscale.metrics import crossing
 from rlscale.rl import optim
 
@@ -142,7 +143,7 @@ def load_run(path: str) -> tuple[Run | None, list[str]]:
     except (json.JSONDecodeError, OSError) as e:
       warnings.append(f"{name} unreadable ({e.__class__.__name__})")
       return {}
-  config = read("config.json")
+  config = defaults.fill_json(read("config.json"))  # fields added since: the run's values
   rows, bad = [], 0
   p = os.path.join(path, "metrics.jsonl")
   if os.path.exists(p):

@@ -85,8 +85,12 @@ def main(argv=None) -> int:
                 for side, tree in trees.items()}
         diff = compare(rows["before"], rows["after"])
         failed |= diff is not None
+        evals = [r for r in rows["after"] if "eval/accuracy_greedy" in r]
+        first, last = (evals[0], evals[-1]) if evals else ({}, {})
         print(json.dumps(dict(config=config, rows=len(rows["after"]), identical=diff is None,
-                              difference=diff)), flush=True)
+                              difference=diff, greedy_first=first.get("eval/accuracy_greedy"),
+                              greedy_last=last.get("eval/accuracy_greedy"),
+                              sampled_last=last.get("eval/accuracy_sampled"))), flush=True)
     finally:
       for side, tree in trees.items():
         if tree != root:

@@ -14,6 +14,8 @@ import jax
 import numpy as np
 from absl import logging
 
+from rlscale.metrics import rows
+
 
 def _plain(v: Any) -> Any:
   if isinstance(v, (np.generic, jax.Array, np.ndarray)):
@@ -58,15 +60,9 @@ class MetricsWriter:
         f.writelines(self.lines)
       os.replace(tmp, self.path)
     elif os.path.exists(self.path):
-      keep = []
-      with open(self.path) as f:
-        for line in f:
-          try:
-            row = json.loads(line)
-          except json.JSONDecodeError:
-            continue  # a line cut by a crash
-          if resume_step is not None and row.get("step", 0) <= resume_step:
-            keep.append(line if line.endswith("\n") else line + "\n")
+      keep = [line if line.endswith("\n") else line + "\n"
+              for line, row in rows.iter_rows(self.path)  # a line cut by a crash is dropped
+              if resume_step is not None and row.get("step", 0) <= resume_step]
       self.lines = keep
       with open(self.path, "w") as f:
         f.writelines(keep)

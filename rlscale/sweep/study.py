@@ -51,6 +51,7 @@ from absl import logging
 
 from rlscale.config import files as config_files
 from rlscale.metrics import crossing
+from rlscale.metrics.rows import read_rows
 from rlscale.config.errors import ConfigError
 from rlscale.trainer.preemption import EXIT_REQUEUE
 
@@ -155,19 +156,6 @@ def choose(runs: list[dict[str, Any]], key: str, band: float = math.inf
   return best[key], table
 
 
-def _rows(run_dir: str) -> list[dict]:
-  rows = []
-  path = os.path.join(run_dir, "metrics.jsonl")
-  if os.path.exists(path):
-    with open(path) as f:
-      for line in f:
-        try:
-          rows.append(json.loads(line))
-        except json.JSONDecodeError:
-          pass  # a line cut by a crash
-  return rows
-
-
 def stage_results(sweep_dir: str, metric: str | None = None,
                   target: float | None = None) -> list[dict[str, Any]]:
   """The done points of a stage: overrides, responses to `target` of `metric` (default: each
@@ -184,7 +172,7 @@ def stage_results(sweep_dir: str, metric: str | None = None,
     t = cfg.get("target") or {}  # config.json of the run (an SFT run has no target)
     name = metric or t.get("metric")
     value = target if target is not None else t.get("value")
-    rows = _rows(e.run_dir)
+    rows = read_rows(e.run_dir)
     evals = [r[name] for r in rows if isinstance(r.get(name), (int, float))]
     rtt = crossing.run_crossing(rows, name, value) if name and value is not None else math.inf
     hit = next((i for i, v in enumerate(evals) if value is not None and v >= value), None)
