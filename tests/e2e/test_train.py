@@ -9,7 +9,8 @@ import pytest
 from tests.support import REPO
 from rlscale.config import files as config_files
 from rlscale.trainer import loop
-from rlscale.run import train
+from rlscale.run import base_policy, train
+from rlscale.trainer import sft_trainer
 from rlscale.checkpoints.checkpointer import Checkpointer
 
 # The only metrics that may differ on resume.
@@ -42,7 +43,8 @@ def test_grpo_tiny_end_to_end(tiny_sft_base, tmp_path):
                "policy/model.safetensors"):
     assert (run / name).exists(), name
   assert any(n.startswith("events.out.tfevents") for n in os.listdir(run / "tensorboard"))
-  assert (tmp_path / "base").exists()  # the SFT base was built and cached
+  base = base_policy.cache_folder(cfg, None)  # this recipe's base, built (or found) and cached
+  assert os.path.exists(os.path.join(base, "policy", sft_trainer.DONE)), base
   rows = _rows(run)
   assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
   assert "eval/accuracy_greedy" in rows[0] and rows[0]["responses_seen"] == 0
@@ -71,8 +73,9 @@ def test_grpo_tiny_end_to_end(tiny_sft_base, tmp_path):
   with open(run / "summary.json") as f:
     assert json.load(f)["step"] == 4
   # The cached base is reused: a second run builds nothing.
+  cached = sorted(os.listdir(tiny_sft_base))
   train.main(_config(tiny_sft_base), str(tmp_path / "run2"))
-  assert len([n for n in os.listdir(tmp_path / "base") if not n.endswith(".lock")]) == 1
+  assert sorted(os.listdir(tiny_sft_base)) == cached
   # Re-running the finished run does no step and keeps its summary's evaluation and counts.
   again = train.main(_config(tiny_sft_base), str(run))
   assert again["compilations"] == {"actor": 1, "sampler": 1}

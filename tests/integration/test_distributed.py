@@ -147,13 +147,14 @@ def check_like_one(name, one_dir, two_dir, one_summary):
 def _two_processes_like_one(name, tmp_path, cache_dir):
   from tests.support.workers import two_process_rl
 
-  from rlscale.run import train
+  from rlscale.run import base_policy, train
 
   # One process, 8 devices; builds the SFT base into the cache if missing.
   one_dir = str(tmp_path / "one")
-  one_summary = train.main(two_process_rl.config(name, cache_dir), one_dir)
-  bases = [n for n in os.listdir(cache_dir) if not n.endswith(".lock")]
-  assert len(bases) == 1, bases
+  cfg = two_process_rl.config(name, cache_dir)
+  one_summary = train.main(cfg, one_dir)
+  bases = sorted(n for n in os.listdir(cache_dir) if not n.endswith(".lock"))
+  assert os.path.basename(base_policy.cache_folder(cfg, None)) in bases, bases
 
   outputs = _run_two_processes([name, cache_dir, str(tmp_path / "two")], tmp_path)
   for pid, out in enumerate(outputs):
