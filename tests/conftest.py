@@ -5,15 +5,6 @@ import os
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# One compilation cache for the session and the processes it starts (end-to-end runs, sweeps,
-# workers): a function compiled once is read back by every later test that compiles the same
-# program (the tiny models' decode and update recur across many tests). Numbers do not change:
-# the executable is the same; trace counts (compilations in summary.json) are Python's, not XLA's.
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-  import tempfile  # noqa: E402
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="rlscale-tests-xla-")
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import types  # noqa: E402
 
