@@ -1,7 +1,7 @@
 """Tiny random transformers models and their logits: the reference our decoder must match.
 
 Run as a script (needs torch and transformers) to rewrite the committed golden fixtures:
-    python tests/support/hf_reference.py
+    python -m tests.support.hf_reference
 Each fixture folder holds a Hugging Face checkpoint (config.json + safetensors) and
 `reference.npz` with a left-padded batch and transformers' float32 logits for it. One per family,
 and a few-KB Qwen3 whose config.json has rope fields as hand-edited long-context configs do.
