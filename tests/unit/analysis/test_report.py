@@ -144,6 +144,7 @@ def test_a_directory_without_runs_is_a_one_line_error(tmp_path):
   assert r.stderr.strip().count("\n") == 0 and "error: no runs in" in r.stderr
 
 
+@pytest.mark.slow  # heavy for the default run (README); .ci/run runs it
 def test_a_collapsing_reference_seed_moves_no_verdict_and_is_flagged(tmp_path):
   """One of the reference's five verdict seeds reaches the target and collapses for good: its
   responses to target are infinite (it did not stay there), the median of the five and the

@@ -51,6 +51,7 @@ def test_unknown_named_size_and_field():
     models.from_config_dict({"name": "tiny", "d_modle": 3})
 
 
+@pytest.mark.slow  # heavy for the default run (README); .ci/run runs it
 def test_left_padding_does_not_change_real_positions(tiny_cfg):
   model = models.CausalLM(tiny_cfg, rngs=nnx.Rngs(params=0))
   rng = np.random.default_rng(0)

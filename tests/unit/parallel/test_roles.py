@@ -123,6 +123,7 @@ def test_split_four_plus_four_matches_colocated_eight(tmp_path, grpo_single_proc
   print(f"split vs colocated: largest metric difference {worst:.3g}")
 
 
+@pytest.mark.slow  # heavy for the default run (README); .ci/run runs it
 def test_the_samplers_mesh_samples_the_same_tokens_as_the_whole_mesh():
   from rlscale.sampling import Sampler, SamplingParams, generate
   rules = sharding.rules_from_config(None)

@@ -82,6 +82,7 @@ def test_parameters_are_created_on_their_shards(mesh_cfg, rules):
   assert state["model"]["final_norm"][...].sharding.spec == P()
 
 
+@pytest.mark.slow  # heavy for the default run (README); .ci/run runs it
 @pytest.mark.parametrize("shape", MESHES)
 def test_forward_and_decode_agree_with_one_device(shape, reference, mesh1, rules):
   model, tokens, mask = reference

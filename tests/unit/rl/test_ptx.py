@@ -45,6 +45,7 @@ def _step(mesh, rules, loss, batch, coef=None, demos=None, minibatches=1):
   return before, jax.device_get(state.params), jax.device_get(metrics)
 
 
+@pytest.mark.slow  # heavy for the default run (README); .ci/run runs it
 def test_the_update_adds_coef_times_the_demonstrations_nll_gradient(mesh1, rules):
   batch, demos = _rows(8, 0), _rows(4, 1)
   p0, rl_only, m_rl = _step(mesh1, rules, make_policy_loss(RL), batch)

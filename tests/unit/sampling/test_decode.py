@@ -65,6 +65,7 @@ def test_greedy_tokens_are_the_argmax_of_the_full_forward(policy, tiny_cfg, chun
     SamplingParams(max_new_tokens=20, temperature=1.3, top_p=0.8, decode_chunk=16),
     SamplingParams(max_new_tokens=20, temperature=0.9, top_k=20, top_p=0.9, decode_chunk=7),
 ])
+@pytest.mark.slow  # heavy for the default run (README); .ci/run runs it
 def test_sampled_logprobs_equal_the_training_forward(policy, tiny_cfg, params):
   tokens, mask = _prompts(tiny_cfg.vocab_size, seed=1)
   _, out = _run(policy, params, tokens, mask)
@@ -91,6 +92,7 @@ def test_sampled_logprobs_equal_the_training_forward(policy, tiny_cfg, params):
   assert np.abs(np.asarray(out.sample_logprobs) - want).max() <= LOGP_ATOL
 
 
+@pytest.mark.slow  # heavy for the default run (README); .ci/run runs it
 def test_top_k_one_and_tiny_top_p_are_greedy(policy, tiny_cfg):
   tokens, mask = _prompts(tiny_cfg.vocab_size, seed=2)
   _, greedy = _run(policy, SamplingParams(max_new_tokens=12, temperature=0.0), tokens, mask)
@@ -115,6 +117,7 @@ def test_inverse_cdf_sampling_has_the_softmax_frequencies():
   np.testing.assert_array_equal(np.asarray(lp), np.asarray(slp))
 
 
+@pytest.mark.slow  # heavy for the default run (README); .ci/run runs it
 def test_eos_ends_rows_and_the_loop(policy, tiny_cfg):
   tokens, mask = _prompts(tiny_cfg.vocab_size, seed=3)
   n = 30
@@ -152,6 +155,7 @@ def test_same_shapes_never_retrace_and_cache_is_reused(policy, tiny_cfg):
   assert sampler.traces == 2
 
 
+@pytest.mark.slow  # heavy for the default run (README); .ci/run runs it
 def test_generation_batch_does_not_change_the_samples(policy, tiny_cfg):
   tokens, mask = _prompts(tiny_cfg.vocab_size, b=10, seed=4)
   params = SamplingParams(max_new_tokens=10, decode_chunk=4)
@@ -187,6 +191,7 @@ def small_cfg():
                             num_kv_heads=2, head_dim=16, mlp_dim=64)
 
 
+@pytest.mark.slow  # heavy for the default run (README); .ci/run runs it
 @pytest.mark.parametrize("shape, batches", [((8, 1, 1), (None, 12, 6)), ((2, 2, 2), (6,))])
 def test_rows_the_batch_shards_do_not_divide_are_padded(small_cfg, rules, shape, batches):
   # 12 rows on 8 batch shards, or calls of 6 rows on 8 or 4: each call is padded to a multiple
@@ -208,6 +213,7 @@ def test_rows_the_batch_shards_do_not_divide_are_padded(small_cfg, rules, shape,
         state, tokens[:12], mask[:12], jax.random.key(3))
 
 
+@pytest.mark.slow  # heavy for the default run (README); .ci/run runs it
 @pytest.mark.parametrize("shape, group, batches", [
     ((1, 1, 1), 4, (None, 8, 6)), ((8, 1, 1), 2, (None, 8)), ((2, 2, 2), 4, (None,))])
 def test_a_group_prefilled_once_samples_what_each_row_does(small_cfg, rules, shape, group,

@@ -113,6 +113,7 @@ def _steps(tmp_path, name):
   return [s[0] for s in starts(tmp_path, name)]
 
 
+@pytest.mark.slow  # heavy for the default run (README); .ci/run runs it
 def test_a_failed_point_never_stops_the_sweep_and_is_retried(tmp_path):
   out = _sweep(tmp_path, "one_fails", "--parallel=2")
   assert out.returncode == 1, out.stderr
@@ -132,6 +133,7 @@ def test_a_failed_point_never_stops_the_sweep_and_is_retried(tmp_path):
   assert manifest(tmp_path)["points"][2]["attempts"] == 2
 
 
+@pytest.mark.slow  # heavy for the default run (README); .ci/run runs it
 def test_preempted_point_resumes_from_its_checkpoint(tmp_path):
   out = _sweep(tmp_path, "preempted_once")
   assert out.returncode == 75, out.stderr
@@ -149,6 +151,7 @@ def test_another_sweep_in_the_same_directory_is_refused(tmp_path):
   assert "holds sweep 'preempted_once'" in out.stderr
 
 
+@pytest.mark.slow  # heavy for the default run (README); .ci/run runs it
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
 def test_killed_launcher_loses_nothing(tmp_path, how):
   """Stop the launcher while two points run: they save; the re-run starts none from scratch
@@ -194,6 +197,7 @@ def test_manifest_rebuilt_from_run_directories(tmp_path):
   assert line == "sweep three: 1/3 done, 0 running, 2 pending | 1m05s elapsed, ETA 0m30s"
 
 
+@pytest.mark.slow  # heavy for the default run (README); .ci/run runs it
 def test_only_runs_a_subset_and_the_manifest_keeps_the_rest(tmp_path):
   assert _sweep(tmp_path, "three", "--only=seed=0").returncode == 0
   statuses = [(p["name"], p["status"]) for p in manifest(tmp_path)["points"]]

@@ -45,6 +45,7 @@ def test_choose_breaks_a_tie_of_unreached_values_by_the_final_metric():
   assert value == 3.0 and all(t["median_responses_to_target"] is None for t in table)
 
 
+@pytest.mark.slow  # heavy for the default run (README); .ci/run runs it
 def test_the_chosen_value_reaches_the_next_stage(tmp_path):
   r = study_cli(tmp_path, "--noreport")
   assert r.returncode == 0, r.stdout + r.stderr
@@ -92,6 +93,7 @@ def test_the_report_script_is_found_in_the_checkout():
   assert study_cli.report_script() == os.path.join(REPO, "analysis", "report.py")
 
 
+@pytest.mark.slow  # heavy for the default run (README); .ci/run runs it
 def test_a_choice_per_group_extends_an_edge_until_it_is_inside(tmp_path):
   """p=1's scan (lr 1, 2) has its optimum at 4: the study runs 4, then 8, and chooses 4; p=2's
   optimum is inside its scan. The later stage takes each p's choice ("{lr}") and p=2's
