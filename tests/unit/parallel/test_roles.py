@@ -1,4 +1,4 @@
-"""Device roles (colocated or split) and overlapped generation (rlscale/parallel/roles.py, rl_loop.py)."""
+"""Device roles (colocated or split) and overlapped generation (rlscale/parallel/roles.py, trainer/rl_trainer.py)."""
 
 import json
 import os

@@ -1,0 +1,60 @@
+"""The one resolve step: a config becomes a frozen Resolved with its defaults, setup and plan."""
+
+import dataclasses
+import inspect
+
+import ml_collections
+import pytest
+
+from rlscale.config import defaults
+from rlscale.config import files as config_files
+from rlscale.config.errors import ConfigError
+from rlscale.resolve import resolved
+from rlscale.trainer.loop import Trainer
+from rlscale.trainer.rl_trainer import RLTrainer
+from rlscale.trainer.sft_trainer import SFTTrainer
+
+
+def test_a_config_resolves_once_into_a_frozen_run():
+  run = resolved.resolve(config_files.load("configs/grpo.py:tiny"), None)
+  assert run.plan.responses == run.cfg.rl.num_prompts * run.cfg.rl.group_size
+  assert dict(run.setup.mesh.shape) == {"data": 8, "fsdp": 1, "tensor": 1}  # the -1 resolved
+  with pytest.raises(AttributeError):
+    run.cfg.rl.num_prompts = 3  # the config is frozen
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    run.plan = None
+  assert run.base is None and run.with_base("/some/folder").base == "/some/folder"
+
+
+def test_a_bad_config_fails_in_the_resolve_step_naming_the_field():
+  cfg = config_files.load("configs/grpo.py:tiny")
+  cfg.rl.num_minibatches = 3
+  with pytest.raises(ConfigError, match="rl.num_minibatches=3"):
+    resolved.resolve(cfg, None)
+
+
+def test_fields_an_old_config_lacks_get_the_value_its_run_used():
+  cfg = config_files.load("configs/ppo.py:tiny")
+  with cfg.unlocked():
+    del cfg.rollout["overlap"], cfg.critic.optim["state_dtype"], cfg.train["logprob_chunk"]
+  filled = defaults.fill(cfg)
+  assert filled.rollout.overlap is False and filled.critic.optim.state_dtype == ""
+  assert filled.train.logprob_chunk == 0  # what runs before the field did: the whole vocabulary
+  assert "overlap" not in cfg.rollout  # a copy: the caller's config is left as it was
+  assert defaults.fill(filled) is filled  # nothing missing: the same object
+  sft = ml_collections.ConfigDict({"train": {"num_steps": 1}})
+  assert "rl" not in defaults.fill(sft)  # absent sections stay absent
+
+
+def test_both_trainers_implement_the_trainer_protocol():
+  methods = {n: inspect.signature(getattr(Trainer, n)) for n in dir(Trainer)
+             if not n.startswith("_") and inspect.isfunction(getattr(Trainer, n))}
+  assert {"begin", "complete", "evaluate", "finish", "load", "state"} <= set(methods)
+  for cls in (RLTrainer, SFTTrainer):
+    assert isinstance(cls.sample_key, str)
+    for name, sig in methods.items():
+      impl = getattr(cls, name, None)
+      assert inspect.isfunction(impl), f"{cls.__name__} lacks {name}"
+      assert len(inspect.signature(impl).parameters) == len(sig.parameters), (cls, name)
+    # Trainers take the resolved run, never a bare config.
+    assert list(inspect.signature(cls.__init__).parameters) == ["self", "run"]
