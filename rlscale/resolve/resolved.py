@@ -57,7 +57,12 @@ def resolve(cfg: ml_collections.ConfigDict, workdir: str | None, config_file: st
   `setup` replaces the one the config describes (benchmarks/rl_step.py trains on a task of its
   own); `config_file` locates a relative init.sft_config as the run will.
   """
-  cfg = check(cfg, workdir, config_file)
+  return build(check(cfg, workdir, config_file), workdir, config_file, setup)
+
+
+def build(cfg: ml_collections.ConfigDict, workdir: str | None, config_file: str | None = None,
+          setup: experiment.Setup | None = None) -> Resolved:
+  """The Resolved of a config `check` returned: its setup and its one batch plan."""
   setup = setup or experiment.setup(cfg)
   plan = batch.plan_for(cfg, setup)
   return Resolved(ml_collections.FrozenConfigDict(cfg), workdir, config_file, setup, plan)

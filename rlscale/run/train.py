@@ -31,11 +31,11 @@ def main(cfg: ml_collections.ConfigDict, workdir: str | None = None,
   a resumed run may change (e.g. train.num_steps to extend it). With `base_policy_only`, only
   build (or find) the policy the run starts from: {"base_policy": its folder}."""
   workdir = workdir or default_workdir(cfg, config_file)
+  cfg = resolved.check(cfg, workdir, config_file)  # every field, before any compute
   if base_policy_only:
-    cfg = resolved.check(cfg, workdir, config_file)  # every field, before any compute
     return {} if cfg.kind == "sft" else {"base_policy": base_policy.find_or_build(
         cfg, config_file)}
-  run = resolved.resolve(cfg, workdir, config_file)  # every field, before any compute
+  run = resolved.build(cfg, workdir, config_file)  # meshes, task, model config, the plan
   experiment.check_resume(workdir, run.cfg, allow_config_change)
   logging.info("workdir %s", os.path.abspath(workdir))
   with workdir_lock.held(workdir, jax.process_index() == 0):  # one run at a time in it
