@@ -5,6 +5,20 @@ import os
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One XLA compilation cache for the test run, shared by the pytest workers and every process a
+# test starts (end-to-end runs, sweeps, resumes, two-process workers): a tiny run is almost all
+# compilation (~20 of its ~21 s), and the same tiny programs recur across tests and runs. A
+# program compiled once (taking 1 s or more) is read back instead. Numbers cannot change: it is
+# the same executable; the cache key holds the program, devices, XLA flags and versions. The
+# compilation counts in summary.json count Python traces, which still happen.
+# The process that sets it (pytest itself, or the controller under pytest-xdist, whose workers
+# inherit it) removes it when the session ends.
+_OWN_XLA_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  import tempfile
+  _OWN_XLA_CACHE = tempfile.mkdtemp(prefix="rlscale-tests-xla-")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_XLA_CACHE
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
 
 import types  # noqa: E402
 
@@ -35,8 +49,14 @@ def tiny_cfg():
 def tiny_sft_base(tmp_path_factory):
   """The base-policy cache (init.cache_dir) every end-to-end test shares: each SFT recipe's base
   (configs/sft.py:tiny for the tiny GRPO and PPO configs) is built once per session, by the first
-  test that needs it, and found by the others (rlscale/run/base_policy.py)."""
-  return str(tmp_path_factory.mktemp("tiny_sft_base"))
+  test that needs it, and found by the others (rlscale/run/base_policy.py). Under pytest-xdist
+  the workers share one folder: the base policy's lock lets one build while the others wait."""
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent  # the run's folder above each worker's own
+  folder = root / "tiny_sft_base"
+  folder.mkdir(exist_ok=True)
+  return str(folder)
 
 
 @pytest.fixture(scope="session")
@@ -55,10 +75,32 @@ def grpo_single_process_run(tmp_path_factory, tiny_sft_base):
 # --- one session, quick tests first (.ci/run: pytest -m "" runs every test) -----------------
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(session, config, items):
-  """The quick tests run before the slow ones; a quick failure stops the session before them."""
+  """The quick tests run before the slow ones; a quick failure stops the session before them.
+
+  Under pytest-xdist (--dist loadgroup) each file's quick tests stay on one worker (they share
+  module fixtures and compiled functions); a slow test runs wherever a worker is free, with the
+  others of its file when they share a module fixture, and with every test of a session
+  fixture that is one run (grpo_single_process_run)."""
   items.sort(key=lambda item: item.get_closest_marker("slow") is not None)  # stable
   config.stash[_HAS_SLOW] = any(item.get_closest_marker("slow") for item in items)
+  for item in items:
+    group = _xdist_group(item)
+    if group:
+      item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _xdist_group(item) -> str | None:
+  if item.get_closest_marker("slow") is None:
+    return f"quick:{item.path}"
+  fixtures = getattr(item, "_fixtureinfo", None)
+  defs = fixtures.name2fixturedefs if fixtures else {}
+  if "grpo_single_process_run" in defs:
+    return "grpo_single_process_run"
+  if any(d[-1].scope == "module" for d in defs.values()):
+    return f"slow:{item.path}"
+  return None
 
 
 _HAS_SLOW = pytest.StashKey[bool]()
@@ -72,3 +114,10 @@ def pytest_runtest_makereport(item, call):
       and item.config.stash.get(_HAS_SLOW, False)):
     item.session.shouldstop = (f"{item.nodeid} failed: the slow tests after the quick ones are "
                                f"not started")
+
+
+def pytest_unconfigure(config):
+  """Removes the test run's XLA compilation cache (only in the process that made it)."""
+  if _OWN_XLA_CACHE:
+    import shutil
+    shutil.rmtree(_OWN_XLA_CACHE, ignore_errors=True)
