@@ -10,9 +10,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # compilation (~20 of its ~21 s), and the same tiny programs recur across tests and runs. A
 # program compiled once (taking 1 s or more) is read back instead. Numbers cannot change: it is
 # the same executable; the cache key holds the program, devices, XLA flags and versions. The
-# compilation counts in summary.json count Python traces, which still happen.
-# The process that sets it (pytest itself, or the controller under pytest-xdist, whose workers
-# inherit it) removes it when the session ends.
+# compilation counts in summary.json count Python traces, which still happen. The process that
+# makes the folder (pytest, or pytest-xdist's controller, whose workers inherit the variable)
+# removes it in pytest_unconfigure.
 _OWN_XLA_CACHE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   import tempfile
@@ -59,6 +59,11 @@ def tiny_sft_base(tmp_path_factory):
   return str(folder)
 
 
+# Session fixtures that hold a run in one worker's memory: under pytest-xdist every test using
+# one goes to the same worker, which runs it once (tiny_sft_base, a folder, is shared instead).
+_ONE_WORKER_FIXTURES = ("grpo_single_process_run",)
+
+
 @pytest.fixture(scope="session")
 def grpo_single_process_run(tmp_path_factory, tiny_sft_base):
   """tests/support/workers/two_process_rl.py's GRPO run in this process on 8 devices (building the SFT
@@ -81,8 +86,8 @@ def pytest_collection_modifyitems(session, config, items):
 
   Under pytest-xdist (--dist loadgroup) each file's quick tests stay on one worker (they share
   module fixtures and compiled functions); a slow test runs wherever a worker is free, with the
-  others of its file when they share a module fixture, and with every test of a session
-  fixture that is one run (grpo_single_process_run)."""
+  others of its file when they share a module fixture, and with the other users of a fixture
+  in _ONE_WORKER_FIXTURES."""
   items.sort(key=lambda item: item.get_closest_marker("slow") is not None)  # stable
   config.stash[_HAS_SLOW] = any(item.get_closest_marker("slow") for item in items)
   for item in items:
@@ -96,8 +101,9 @@ def _xdist_group(item) -> str | None:
     return f"quick:{item.path}"
   fixtures = getattr(item, "_fixtureinfo", None)
   defs = fixtures.name2fixturedefs if fixtures else {}
-  if "grpo_single_process_run" in defs:
-    return "grpo_single_process_run"
+  for name in _ONE_WORKER_FIXTURES:
+    if name in defs:
+      return name
   if any(d[-1].scope == "module" for d in defs.values()):
     return f"slow:{item.path}"
   return None
