@@ -49,9 +49,10 @@ preempt_at = int(fields.get("preempt_at", 0))
 while step < steps:
   time.sleep(delay)
   step += 1
-  if first:
-    with open(step_file, "w") as f:
+  if first:  # replaced whole: another process of the point may be reading it as it starts
+    with open(step_file + ".tmp", "w") as f:
       f.write(str(step))
+    os.replace(step_file + ".tmp", step_file)
   preempted = os.path.join(workdir, "preempted")
   if stop or (step == preempt_at and not os.path.exists(preempted)):
     if first:
