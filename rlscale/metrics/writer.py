@@ -7,6 +7,7 @@ import gzip
 import json
 import math
 import os
+import sys
 import time
 from typing import Any
 
@@ -32,6 +33,25 @@ def pack(lines: list[str]) -> str:
 
 def unpack(text: str) -> list[str]:
   return gzip.decompress(base64.b64decode(text)).decode().splitlines(keepends=True)
+
+
+def _summary_writer(folder: str):
+  """tensorboardX's SummaryWriter (protobuf only, no TensorFlow), imported without PyTorch.
+
+  tensorboardX imports torch when it is installed, only to accept torch tensors, which
+  rlscale never logs: ~1.5 s of CPU in every run process (torch comes with the HF parity
+  tests' extras). It is imported with torch hidden; a torch imported before or after is
+  untouched.
+  """
+  hide = "torch" not in sys.modules
+  if hide:
+    sys.modules["torch"] = None  # `import torch` raises ImportError: tensorboardX skips it
+  try:
+    from tensorboardX import SummaryWriter
+  finally:
+    if hide:
+      del sys.modules["torch"]
+  return SummaryWriter(folder, flush_secs=10)
 
 
 class MetricsWriter:
@@ -67,8 +87,7 @@ class MetricsWriter:
       with open(self.path, "w") as f:
         f.writelines(keep)
     if tensorboard:
-      from tensorboardX import SummaryWriter  # protobuf only, no TensorFlow
-      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), flush_secs=10)
+      self._tb = _summary_writer(os.path.join(workdir, "tensorboard"))
 
   def write(self, step: int, metrics: dict[str, Any]) -> None:
     if not self.enabled:
