@@ -49,13 +49,13 @@ def shape_errors(field: str, shape: Any, devices: int) -> list[str]:
   return []
 
 
-def check(mesh_cfg, devices: int, processes: int) -> list[str]:
-  """The errors of the config's mesh section on `devices` devices over `processes` processes."""
+def _role_errors(mesh_cfg, devices: int, processes: int) -> list[str]:
+  """The errors of mesh.roles and mesh.sampler_devices (the shapes aside)."""
   roles = mesh_cfg["roles"]
   if roles not in ROLES:
     return [f"mesh.roles={roles!r}; known: {', '.join(ROLES)}"]
   if roles == "colocated":
-    return shape_errors("mesh.shape", mesh_cfg.shape, devices)
+    return []
   s = mesh_cfg["sampler_devices"]
   if isinstance(s, bool) or not isinstance(s, int) or not 0 < s < devices:
     return [f"mesh.sampler_devices={s!r}: mesh.roles='split' needs 1 to {devices - 1} of the "
@@ -63,6 +63,15 @@ def check(mesh_cfg, devices: int, processes: int) -> list[str]:
   if s % processes:
     return [f"mesh.sampler_devices={s} must split over {processes} processes (each keeps "
             f"devices in both roles)"]
+  return []
+
+
+def check(mesh_cfg, devices: int, processes: int) -> list[str]:
+  """The errors of the config's mesh section on `devices` devices over `processes` processes."""
+  errors = _role_errors(mesh_cfg, devices, processes)
+  if errors or mesh_cfg["roles"] == "colocated":
+    return errors or shape_errors("mesh.shape", mesh_cfg.shape, devices)
+  s = mesh_cfg["sampler_devices"]
   return (shape_errors("mesh.shape", mesh_cfg.shape, devices - s)
           + shape_errors("mesh.sampler_shape", mesh_cfg.sampler_shape, s))
 
@@ -79,17 +88,27 @@ def role_devices(sampler_devices: int) -> tuple[list[jax.Device], list[jax.Devic
   return trainer, sampler
 
 
-def make_meshes(mesh_cfg) -> Meshes:
-  """The trainer's and the sampler's meshes of the config's mesh section (checked first)."""
-  errors = check(mesh_cfg, jax.device_count(), jax.process_count())
-  if errors:
-    raise ValueError("; ".join(errors))
-  if mesh_cfg["roles"] == "colocated":
-    mesh = sharding.make_mesh(mesh_cfg.shape)
-    return Meshes(mesh, mesh)
-  trainer, sampler = role_devices(mesh_cfg.sampler_devices)
-  return Meshes(sharding.make_mesh(mesh_cfg.shape, trainer),
-                sharding.make_mesh(mesh_cfg.sampler_shape, sampler))
+def make_meshes(mesh_cfg, errors: list[str] | None = None) -> Meshes | None:
+  """The trainer's and the sampler's meshes of the config's mesh section: a ValueError naming
+  each bad field, or, given a list of `errors`, those appended and None."""
+  bad = _role_errors(mesh_cfg, jax.device_count(), jax.process_count())
+  meshes = []
+  if not bad:
+    split = mesh_cfg["roles"] == "split"
+    parts = (zip(("mesh.shape", "mesh.sampler_shape"), (mesh_cfg.shape, mesh_cfg.sampler_shape),
+                 role_devices(mesh_cfg.sampler_devices)) if split
+             else [("mesh.shape", mesh_cfg.shape, jax.devices())])
+    for field, shape, devices in parts:
+      try:
+        meshes.append(sharding.make_mesh(shape, devices, field))
+      except ValueError as e:
+        bad.append(str(e))
+  if bad and errors is None:
+    raise ValueError("; ".join(bad))
+  if bad:
+    errors += bad
+    return None
+  return Meshes(meshes[0], meshes[-1])
 
 
 @jax.jit

@@ -69,10 +69,12 @@ def resolve_shape(shape: Any, devices: int, field: str = "mesh.shape") -> tuple[
   return tuple(s)
 
 
-def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A (data, fsdp, tensor) mesh; one entry may be -1 and takes the remaining devices."""
+def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None,
+              field: str = "mesh.shape") -> Mesh:
+  """A (data, fsdp, tensor) mesh; one entry may be -1 and takes the remaining devices (a
+  ValueError naming `field` when the shape cannot be)."""
   devices = list(jax.devices() if devices is None else devices)
-  shape = resolve_shape(shape, len(devices))
+  shape = resolve_shape(shape, len(devices), field)
   types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
   try:
     return jax.make_mesh(tuple(shape), MESH_AXES, devices=devices, axis_types=types)

@@ -269,7 +269,11 @@ def plan(cfg: Mapping[str, Any], *, shards: int = 1, processes: int = 1, seq_len
   `memory` (the activation bound of a training pass) size the automatic choices; 0 or None
   means unknown. Raises ConfigError naming every bad field.
   """
-  cfg = defaults.fill(ml_collections.ConfigDict(cfg))  # a config.json's dict: its defaults too
+  return _plan(defaults.fill(ml_collections.ConfigDict(cfg)),  # a config.json's: its defaults too
+               shards, processes, seq_len, kv_bytes_per_row, gen_shards, memory)
+
+
+def _plan(cfg, shards, processes, seq_len, kv_bytes_per_row, gen_shards, memory) -> BatchPlan:
   errors: list[str] = []
   kind = cfg["kind"]
   noise = "noise" in cfg and bool(cfg.noise.enabled)  # SFT has none
@@ -321,25 +325,35 @@ def batch_shards(mesh_shape, rules, device_count: int) -> int:
   return math.prod(dict(zip(sharding.MESH_AXES, shape))[a] for a in axes)
 
 
-def plan_for(cfg, env) -> BatchPlan:
-  """The plan of a run on its mesh, with the task's sequence length, the model's KV cache and
-  the training pass's memory (`train_memory`) sizing the automatic choices."""
+def plan_for(cfg, env, errors: list[str] | None = None) -> BatchPlan | None:
+  """The plan of a run (its config, defaults filled) on its mesh, with the task's sequence
+  length, the model's KV cache and the training pass's memory (`train_memory_of`) sizing the
+  automatic choices.
+
+  With `errors` (the resolve step's list, where a part of `env` that could not be built is
+  None), the plan's errors are appended and None returned; without, they raise ConfigError.
+  """
   import jax
   from rlscale.parallel import sharding
-  seq_len = env.task.max_prompt_len + cfg.rollout.max_new_tokens if "rollout" in cfg else 0
-  m = env.model_cfg
-  kv_bytes = 0
-  if seq_len:
-    itemsize = 2 if cfg.model.dtype in ("bfloat16", "float16") else 4
-    kv_bytes = 2 * m.num_layers * m.num_kv_heads * m.head_dim * seq_len * itemsize
-  seq_len = seq_len or env.task.max_prompt_len + env.task.max_answer_len
-  mem = None
-  from rlscale.models import memory as train_memory
-  if not train_memory.check(cfg.train):  # a bad field is the plan's error, below
-    mem = train_memory_of(cfg, m, seq_len, env.mesh)
-  return plan(cfg, shards=sharding.batch_divisor(env.mesh, env.rules),
-              processes=jax.process_count(), seq_len=seq_len, kv_bytes_per_row=kv_bytes,
-              gen_shards=sharding.batch_divisor(env.meshes.sampler, env.rules), memory=mem)
+  built = env.mesh is not None and env.rules is not None
+  shards = sharding.batch_divisor(env.mesh, env.rules) if built else 1
+  gen_shards = sharding.batch_divisor(env.meshes.sampler, env.rules) if built else 1
+  seq_len, kv_bytes, mem, m = 0, 0, None, env.model_cfg
+  if env.task is not None and m is not None:
+    seq_len = env.task.max_prompt_len + cfg.rollout.max_new_tokens if "rollout" in cfg else 0
+    if seq_len:
+      itemsize = 2 if cfg.model.dtype in ("bfloat16", "float16") else 4
+      kv_bytes = 2 * m.num_layers * m.num_kv_heads * m.head_dim * seq_len * itemsize
+    seq_len = seq_len or env.task.max_prompt_len + env.task.max_answer_len
+    if built:
+      mem = train_memory_of(cfg, m, seq_len, env.mesh)  # None while train's fields are bad
+  try:
+    return _plan(cfg, shards, jax.process_count(), seq_len, kv_bytes, gen_shards, mem)
+  except ConfigError as e:
+    if errors is None:
+      raise
+    errors += [line.strip() for line in str(e).splitlines()[1:]]
+    return None
 
 
 # --- the memory bound of a training pass (plan_for) ---
@@ -380,8 +394,9 @@ def device_memory() -> tuple[int, str]:
           f"{n} devices x {MEMORY_FRACTION}")
 
 
-def train_memory_of(cfg, model_cfg, seq_len: int, mesh) -> TrainMemory:
-  """The memory bound of the run's training passes (models/memory.py has the estimate).
+def train_memory_of(cfg, model_cfg, seq_len: int, mesh) -> TrainMemory | None:
+  """The memory bound of the run's training passes (models/memory.py has the estimate); None
+  while train.remat or train.logprob_chunk is bad (the plan names it).
 
   Resident per device: every trained model's state (models/memory.state_bytes) plus a frozen
   copy of the policy for a KL reference (rl.kl_coef) or a proximal policy (rl.prox_com),
@@ -390,6 +405,8 @@ def train_memory_of(cfg, model_cfg, seq_len: int, mesh) -> TrainMemory:
   """
   from rlscale.models import memory
   train = cfg.train
+  if memory.check(train):
+    return None
   remat, chunk = train.remat, train.logprob_chunk
   pd = cfg.model.param_dtype
   policy = model_cfg.num_params()
