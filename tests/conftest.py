@@ -83,17 +83,25 @@ def grpo_single_process_run(tmp_path_factory, tiny_sft_base):
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(session, config, items):
   """The quick tests run before the slow ones; a quick failure stops the session before them.
+  The slow tests that take longest (`@pytest.mark.slow(seconds=N)`, N measured on a 2-core
+  machine) start first, so that the workers finish together rather than one waiting on a long
+  test started last.
 
   Under pytest-xdist (--dist loadgroup) each file's quick tests stay on one worker (they share
   module fixtures and compiled functions); a slow test runs wherever a worker is free, with the
   others of its file when they share a module fixture, and with the other users of a fixture
   in _ONE_WORKER_FIXTURES."""
-  items.sort(key=lambda item: item.get_closest_marker("slow") is not None)  # stable
+  items.sort(key=_order)  # stable: collection order otherwise
   config.stash[_HAS_SLOW] = any(item.get_closest_marker("slow") for item in items)
   for item in items:
     group = _xdist_group(item)
     if group:
       item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _order(item) -> tuple[int, float]:
+  slow = item.get_closest_marker("slow")
+  return (0, 0) if slow is None else (1, -slow.kwargs.get("seconds", 0))
 
 
 def _xdist_group(item) -> str | None:

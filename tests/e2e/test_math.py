@@ -22,7 +22,7 @@ def checkpoint(tmp_path_factory):
   return write_policy_folder(str(tmp_path_factory.mktemp("qwen_small")), **SMALL)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=30)
 def test_grpo_math_trains_evaluates_checkpoints_and_exports(tmp_path, checkpoint):
   cfg = config_files.load(os.path.join(REPO, "configs", "grpo_math.py:tiny"))
   cfg.model.hf_checkpoint = checkpoint

@@ -11,7 +11,7 @@ from tests.support import REPO
 
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=50)
 def test_tiny_sweep_runs_each_point_once(tmp_path):
   argv = [sys.executable, os.path.join(REPO, "launch", "sweep.py"),
           f"--config={os.path.join(REPO, 'configs', 'grpo.py')}:tiny", "--sweep=generation_batch",

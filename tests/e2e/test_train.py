@@ -34,7 +34,7 @@ def _rows(workdir):
     return [json.loads(line) for line in f]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=45)
 def test_grpo_tiny_end_to_end(tiny_sft_base, tmp_path):
   cfg = _config(tiny_sft_base)
   summary = train.main(cfg, str(tmp_path / "run"))
@@ -83,7 +83,7 @@ def test_grpo_tiny_end_to_end(tiny_sft_base, tmp_path):
   assert _rows(run) == rows
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=35)
 def test_equal_samples_put_eval_points_at_the_same_x_for_two_batch_sizes(tiny_sft_base, tmp_path):
   xs = {}
   for p in (4, 8):

@@ -72,7 +72,7 @@ def test_profile_step_benchmark():
     assert not any(t["op"].startswith(("while", "Common")) for t in r["top"])  # ops only
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=30)
 def test_real_run_benchmark(tmp_path):
   from tests.support.policy_folder import write_policy_folder
   folder = write_policy_folder(str(tmp_path / "qwen"), num_layers=2, d_model=64, num_heads=2,

@@ -15,7 +15,7 @@ from rlscale.parallel import distributed
 
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=35)
 def test_two_processes_decode_like_one(tmp_path):
   from tests.support.workers import two_process_decode
   _, want_tokens, want_logp = two_process_decode.run((2, 2, 2))  # this process: 8 devices
@@ -166,6 +166,6 @@ def _two_processes_like_one(name, tmp_path, cache_dir):
 # GRPO as two processes: tests/unit/sweep/test_slurm.py runs it as a Slurm point (the processes find
 # each other from SLURM_* variables) against conftest's grpo_single_process_run; PPO here
 # starts them from JAX_COORDINATOR_ADDRESS and friends.
-@pytest.mark.slow
+@pytest.mark.slow(seconds=60)
 def test_two_processes_ppo_like_one(tmp_path, tiny_sft_base):
   _two_processes_like_one("ppo.py", tmp_path, tiny_sft_base)

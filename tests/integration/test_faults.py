@@ -67,7 +67,7 @@ def straight(tmp_path_factory, tiny_sft_base):
   return root, _rows(root / "straight")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=30)
 @pytest.mark.parametrize("fault", ["KILL:update:3", "KILL:save:1", "KILL:eval:2"])
 def test_a_killed_run_resumes_to_the_same_metrics(fault, straight, tmp_path, tiny_sft_base):
   root, want = straight

@@ -118,7 +118,7 @@ def test_ppo_responses_to_target_exclude_the_critic_warm_up(fake):
       pytest.approx(1.5 * fake_study.E_MIN * (1 + 32 / fake_study.B_CRIT), rel=0.1)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=45)
 def test_a_real_tiny_sweep_says_the_target_was_not_reached(tmp_path):
   """Two real points of the tiny batch_invariance sweep (its base built first), then the report:
   real metrics, none of which reaches the 0.6 target in 512 responses."""

@@ -241,7 +241,7 @@ def test_signal_before_the_time_limit_requeues_and_resumes(tmp_path, fake_slurm,
 
 # --- a real point as two processes of one JAX job ---
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=110)
 def test_two_process_point_matches_one_process(tmp_path, grpo_single_process_run):
   """The tiny GRPO run of test_distributed.py as a sweep point of 2 Slurm tasks with 4 CPU
   devices each: one jax.distributed job whose metrics match the 8-device single process."""

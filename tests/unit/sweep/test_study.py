@@ -149,7 +149,7 @@ def test_the_shipped_cpu_study_declares_its_stages(tmp_path, monkeypatch):
       "critic.warmup_steps"] == 32  # 512 warm-up responses at P x G = 16
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=200)
 def test_the_tiny_cpu_study_runs_end_to_end_into_its_report_dir(tmp_path):
   """The shipped study at the tests' shape, real runs: every stage, the lr chosen per P, the
   target set from the scan, the later stages reading the choices, the report written to
