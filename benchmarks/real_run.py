@@ -70,7 +70,7 @@ def run(workdir: str) -> dict:
   cfg = run_config(workdir)
   t0 = time.time()
   run = resolved.resolve(cfg, workdir)
-  trainer = rl_loop.RLTrainer(run.with_base(base_policy.find_or_build(run.cfg, None)))
+  trainer = rl_loop.RLTrainer(run.with_base(base_policy.find_or_build(run)))
   build_s = time.time() - t0
   phases, seen = rl_step.instrument(trainer, skip=0)
   trainer.finish(*Loop(trainer, run.cfg, workdir, trainer.plan.num_steps,

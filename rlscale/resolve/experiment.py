@@ -43,24 +43,85 @@ def model_config(cfg: ml_collections.ConfigDict) -> models.ModelConfig:
   return models.from_config_dict(m)
 
 
-def setup(cfg: ml_collections.ConfigDict) -> Setup:
-  meshes = roles.make_meshes(cfg.mesh)
-  rules = sharding.rules_from_config(cfg.mesh.rules)
-  tokenizer = HFTokenizer(cfg.model.hf_checkpoint) if cfg.model.hf_checkpoint else None
-  task = tasks.make(cfg.task, tokenizer)
-  model_cfg = model_config(cfg)
-  if model_cfg.vocab_size < task.tokenizer.vocab_size:
-    raise ValueError(f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "
-                     f"vocabulary ({task.tokenizer.vocab_size})")
-  logging.info("mesh %s over %d devices (%d processes); model %s, %.2fM parameters",
-               dict(meshes.trainer.shape), jax.device_count(), jax.process_count(),
-               model_cfg.family, model_cfg.num_params() / 1e6)
-  if meshes.split:
-    logging.info("roles split: the trainer's mesh %s on %d devices, the sampler's %s on %d",
-                 dict(meshes.trainer.shape), meshes.trainer.size, dict(meshes.sampler.shape),
-                 meshes.sampler.size)
-  return Setup(meshes.trainer, rules, task, model_cfg,
-               meshes.sampler if meshes.split else None)
+def setup(cfg: ml_collections.ConfigDict, errors: list[str] | None = None) -> Setup:
+  """The run's meshes, sharding rules, model config and task, each built once.
+
+  Without `errors` a part that cannot be built raises ValueError. With it (the resolve step's
+  list), each part's problems are appended, naming the fields, and that part is None: a part
+  whose fields already failed (a `model.`/`task.` error in the list) is not built, and a task
+  that reads data (files, tfds, reasoning-gym) is built only for a config with no error.
+  """
+  own = [] if errors is None else errors
+  meshes = roles.make_meshes(cfg.mesh, own)
+  try:
+    rules = sharding.rules_from_config(cfg.mesh.rules)
+  except (ValueError, TypeError) as e:
+    own.append(f"mesh.rules={cfg.mesh.rules!r}: {e}")
+    rules = None
+  model_cfg = _model(cfg, own)
+  task = _task(cfg, model_cfg, own)
+  if own and errors is None:
+    raise ValueError("; ".join(own))
+  if meshes is not None and task is not None and model_cfg is not None:
+    logging.info("mesh %s over %d devices (%d processes); model %s, %.2fM parameters",
+                 dict(meshes.trainer.shape), jax.device_count(), jax.process_count(),
+                 model_cfg.family, model_cfg.num_params() / 1e6)
+    if meshes.split:
+      logging.info("roles split: the trainer's mesh %s on %d devices, the sampler's %s on %d",
+                   dict(meshes.trainer.shape), meshes.trainer.size, dict(meshes.sampler.shape),
+                   meshes.sampler.size)
+  return Setup(meshes and meshes.trainer, rules, task, model_cfg,
+               meshes.sampler if meshes and meshes.split else None)
+
+
+def _model(cfg, errors: list[str]) -> models.ModelConfig | None:
+  if any(e.startswith("model.") for e in errors):
+    return None
+  try:
+    return model_config(cfg)
+  except (ValueError, TypeError, OSError) as e:  # CheckpointError is a ValueError
+    msg = str(e)
+    if cfg.model.hf_checkpoint:
+      errors.append(f"model.hf_checkpoint={cfg.model.hf_checkpoint!r}: {msg}")
+    elif msg.startswith("model config: "):  # "model config: a=1 must ...; b=2 ..."
+      errors.extend("model." + part for part in msg.removeprefix("model config: ").split("; "))
+    else:
+      errors.append(msg)
+  return None
+
+
+def _task(cfg, model_cfg, errors: list[str]) -> tasks.Task | None:
+  bad = tasks.field_errors(cfg.task, cfg.model.hf_checkpoint)
+  errors += bad
+  text = cfg.task.name not in tasks.EMBEDDED
+  if bad or (text and errors):
+    return None
+  try:
+    task = tasks.make(cfg.task, HFTokenizer(cfg.model.hf_checkpoint) if text else None)
+  except (ValueError, TypeError) as e:
+    errors.append(str(e))
+    return None
+  if model_cfg is not None and model_cfg.vocab_size < task.tokenizer.vocab_size:
+    errors.append(f"model.vocab_size={model_cfg.vocab_size} is smaller than the task's "
+                  f"vocabulary ({task.tokenizer.vocab_size})")
+  return task
+
+
+def recipe(cfg: ml_collections.ConfigDict, config_file: str | None) -> ml_collections.ConfigDict:
+  """init.sft_config, the SFT recipe of an RL run's base policy, with the run's model, task and
+  mesh. Its seed is its own (the `seed=` of init.sft_config), not the run's: RL seeds of a sweep
+  share one base policy."""
+  from rlscale.config import files as config_files
+  sft_cfg = config_files.load(cfg.init.sft_config, config_file)
+  with sft_cfg.unlocked():
+    for section in ("model", "task", "mesh"):
+      sft_cfg[section] = ml_collections.ConfigDict(cfg[section])  # an unfrozen copy
+  return sft_cfg
+
+
+def recipe_folder(cfg: ml_collections.ConfigDict, sft_cfg: ml_collections.ConfigDict) -> str:
+  """Where the base policy built by `sft_cfg` is cached: init.cache_dir/sft-<its hash>."""
+  return os.path.join(cfg.init.cache_dir, f"sft-{config_hash(sft_cfg, ('mesh',))}")
 
 
 def config_hash(cfg: ml_collections.ConfigDict, drop: tuple[str, ...] = ()) -> str:

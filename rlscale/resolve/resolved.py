@@ -1,34 +1,43 @@
 """The one resolve step: a config becomes a checked, frozen description of a run.
 
-`resolve` fills the fields a config lacks (config/defaults.py), checks every field
-(resolve/validate.py: one ConfigError naming each bad one), builds the meshes, the task and the
-model config (resolve/experiment.py), and plans the batch once (plan/batch.py) -- all before
-any compilation. Trainers take the result, never a bare config. An RL run's base policy is
-found or built (run/base_policy.py) before its trainer is constructed and recorded in `base`.
+`resolve` fills the fields a config lacks (config/defaults.py), checks the plain fields
+(config/fields.py) and the algorithm's, optimizers' and sampler's (resolve/owner_checks.py),
+builds the meshes, model config and task, each checking its own fields as it is built
+(resolve/experiment.py), plans the batch once (plan/batch.py) and, for an RL run that starts
+from an SFT base, resolves that SFT recipe on the same meshes, model and task -- every error in
+one ConfigError naming each bad field, and all of it before any compilation. Trainers take the
+result, never a bare config. The base policy is found or built (run/base_policy.py) from
+`recipe` before the RL trainer is constructed, and recorded in `base`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import ml_collections
 
-from rlscale.config import defaults
+from rlscale.config import defaults, fields
+from rlscale.config.errors import ConfigError
 from rlscale.plan import batch
-from rlscale.resolve import experiment
-from rlscale.resolve.validate import validate
+from rlscale.resolve import experiment, owner_checks
 
 
 @dataclasses.dataclass(frozen=True)
 class Resolved:
   """A run as it will execute: its frozen config, its setup (meshes, rules, task, model config),
-  its batch plan, its directory and, for RL, the folder of the policy it starts from."""
+  its batch plan, its directory and, for RL, the folder of the policy it starts from and the
+  SFT run that builds that policy when none is given."""
   cfg: ml_collections.FrozenConfigDict
   workdir: str | None  # None: planned only (no directory checked or written)
   config_file: str | None
   setup: experiment.Setup
   plan: batch.BatchPlan
   base: str | None = None  # RL: a Hugging Face folder with the starting policy
+  # RL from init.sft_config: the SFT run building the base policy in its cache folder. None
+  # when a Hugging Face folder is the base, or when a relative init.sft_config was not found
+  # without the config file it may sit beside (run/base_policy.py then says so).
+  recipe: "Resolved | None" = None
 
   @property
   def kind(self) -> str:
@@ -42,27 +51,67 @@ class Resolved:
     return self.cfg.as_configdict()
 
 
-def check(cfg: ml_collections.ConfigDict, workdir: str | None = None,
-          config_file: str | None = None) -> ml_collections.ConfigDict:
-  """The config with its defaults filled in, every field checked (a ConfigError otherwise)."""
-  cfg = defaults.fill(cfg)
-  validate(cfg, config_file=config_file, workdir=workdir)
-  return cfg
-
-
 def resolve(cfg: ml_collections.ConfigDict, workdir: str | None, config_file: str | None = None,
-            setup: experiment.Setup | None = None) -> Resolved:
-  """Check `cfg` and build what the run needs before compiling anything.
+            setup: experiment.Setup | None = None,
+            allow_config_change: tuple[str, ...] = ()) -> Resolved:
+  """Check `cfg` and build what the run needs before compiling anything (a ConfigError naming
+  every bad field otherwise).
 
-  `setup` replaces the one the config describes (benchmarks/rl_step.py trains on a task of its
-  own); `config_file` locates a relative init.sft_config as the run will.
+  `workdir`, when given, must be a directory the run can create or reuse, and one holding
+  checkpoints of another config is refused (but for the fields in `allow_config_change`:
+  experiment.check_resume); `setup` replaces the one the config describes
+  (benchmarks/rl_step.py trains on a task of its own); `config_file` locates a relative
+  init.sft_config as the run will.
   """
-  return build(check(cfg, workdir, config_file), workdir, config_file, setup)
+  cfg = defaults.fill(cfg)
+  fields.sections(cfg)  # a missing kind or section is reported alone
+  errors = fields.check(cfg, workdir) + owner_checks.errors(cfg)
+  env = setup or experiment.setup(cfg, errors)
+  plan = batch.plan_for(cfg, env, errors)
+  recipe = _recipe(cfg, config_file, env, errors)
+  if errors:
+    raise ConfigError("invalid config:\n  " + "\n  ".join(e.strip() for e in errors))
+  frozen = ml_collections.FrozenConfigDict(cfg)
+  if workdir is not None:
+    experiment.check_resume(workdir, frozen, allow_config_change)
+  return Resolved(frozen, workdir, config_file, env, plan, recipe=recipe)
 
 
-def build(cfg: ml_collections.ConfigDict, workdir: str | None, config_file: str | None = None,
-          setup: experiment.Setup | None = None) -> Resolved:
-  """The Resolved of a config `check` returned: its setup and its one batch plan."""
-  setup = setup or experiment.setup(cfg)
-  plan = batch.plan_for(cfg, setup)
-  return Resolved(ml_collections.FrozenConfigDict(cfg), workdir, config_file, setup, plan)
+def validate(cfg: ml_collections.ConfigDict, config_file: str | None = None,
+             workdir: str | None = None) -> None:
+  """Raise the ConfigError `resolve` would (nothing is compiled, no directory written)."""
+  resolve(cfg, workdir, config_file)
+
+
+def _recipe(cfg, config_file: str | None, env: experiment.Setup,
+            errors: list[str]) -> Resolved | None:
+  """The SFT run that builds an RL run's base policy, resolved as it will run: init.sft_config
+  with this run's model, task and mesh (and their setup), in its cache folder. Its errors join
+  `errors`, each prefixed with the init.sft_config field."""
+  if cfg.kind == "sft" or cfg.init.hf_checkpoint or cfg.model.hf_checkpoint:
+    return None
+  spec = cfg.init.sft_config
+  field = f"init.sft_config={spec!r}"
+  if not isinstance(spec, str) or not spec:
+    errors.append(f"{field} must name an SFT config file (or set init.hf_checkpoint)")
+    return None
+  try:
+    sft_cfg = experiment.recipe(cfg, config_file)
+  except FileNotFoundError as e:
+    if config_file is not None or os.path.isabs(spec.partition(":")[0]):
+      errors.append(f"{field}: {e}")
+    return None
+  except (ValueError, TypeError, AttributeError, ImportError, SyntaxError) as e:
+    errors.append(f"{field}: {type(e).__name__}: {e}")
+    return None
+  if sft_cfg.get("kind") != "sft":
+    errors.append(f"{field} has kind={sft_cfg.get('kind')!r}; the base policy needs kind='sft'")
+    return None
+  folder = experiment.recipe_folder(cfg, sft_cfg)
+  try:
+    run = resolve(sft_cfg, None, setup=env)
+  except ConfigError as e:
+    errors += [f"{field}: {line.strip()}" for line in str(e).splitlines()[1:]
+               if line.strip() not in errors]
+    return None
+  return dataclasses.replace(run, workdir=folder)

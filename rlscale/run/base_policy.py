@@ -17,59 +17,49 @@ import jax
 import ml_collections
 from absl import logging
 
-from rlscale.config import files as config_files
+from rlscale.config.errors import ConfigError
 from rlscale.resolve import experiment, resolved
 from rlscale.trainer import sft_trainer
 
 
-def find_or_build(cfg: ml_collections.ConfigDict, config_file: str | None) -> str:
-  """A Hugging Face folder with the base policy: init.hf_checkpoint, else model.hf_checkpoint,
-  else the SFT base built from init.sft_config.
-
-  The SFT recipe runs with this config's model, task and mesh; its result is cached under
-  init.cache_dir by the recipe's hash and reused by every later run.
+def find_or_build(run: resolved.Resolved) -> str:
+  """A Hugging Face folder with the base policy of the RL run `run`: init.hf_checkpoint, else
+  model.hf_checkpoint, else the SFT base built by its recipe (`run.recipe`, init.sft_config
+  with this run's model, task and mesh), cached under init.cache_dir by the recipe's hash and
+  reused by every later run.
   """
+  cfg = run.cfg
   if cfg.init.hf_checkpoint:
     return cfg.init.hf_checkpoint
   if cfg.model.hf_checkpoint:  # a real checkpoint is its own base
     return cfg.model.hf_checkpoint
-  sft_cfg = sft_config(cfg, config_file)
-  folder = cache_folder(cfg, config_file)
-  policy = os.path.join(folder, "policy")
-  with _exclusive(folder + ".lock", what=folder):
+  recipe = run.recipe
+  if recipe is None:  # the resolve step was given no config file to look beside
+    raise ConfigError(f"init.sft_config={cfg.init.sft_config!r} was not found: give its path "
+                      f"from here, or the config file it sits beside (--config)")
+  policy = os.path.join(recipe.workdir, "policy")
+  with _exclusive(recipe.workdir + ".lock", what=recipe.workdir):
     # sft.run is a collective over this run's processes: all of them build, or none.
     if _same_on_all_processes(not _complete(policy)):
-      _build(cfg, sft_cfg, folder)
+      _build(recipe)
     else:
       logging.info("base policy: reusing %s", policy)
   return policy
 
 
-def sft_config(cfg: ml_collections.ConfigDict,
-               config_file: str | None) -> ml_collections.ConfigDict:
-  """init.sft_config with the run's model, task and mesh. Its seed is its own (the
-  `seed=` of init.sft_config), not the run's: RL seeds of a sweep share one base policy."""
-  sft_cfg = config_files.load(cfg.init.sft_config, config_file)
-  with sft_cfg.unlocked():
-    for section in ("model", "task", "mesh"):
-      sft_cfg[section] = ml_collections.ConfigDict(cfg[section])  # an unfrozen copy
-  return sft_cfg
-
-
 def cache_folder(cfg: ml_collections.ConfigDict, config_file: str | None) -> str:
   """Where the base policy of `cfg` is cached: init.cache_dir/sft-<hash of its recipe>."""
-  sft_cfg = sft_config(cfg, config_file)
-  return os.path.join(cfg.init.cache_dir, f"sft-{experiment.config_hash(sft_cfg, ('mesh',))}")
+  return experiment.recipe_folder(cfg, experiment.recipe(cfg, config_file))
 
 
 def _complete(policy: str) -> bool:
   return os.path.exists(os.path.join(policy, sft_trainer.DONE))
 
 
-def _build(cfg: ml_collections.ConfigDict, sft_cfg: ml_collections.ConfigDict, folder: str) -> None:
-  logging.info("base policy: building it with %s (%d SFT steps) into %s; later runs reuse it",
-               cfg.init.sft_config, sft_cfg.train.num_steps, folder)
-  sft_trainer.run(resolved.resolve(sft_cfg, folder))  # writes COMPLETE last, from process 0
+def _build(recipe: resolved.Resolved) -> None:
+  logging.info("base policy: building it (%d SFT steps) into %s; later runs reuse it",
+               recipe.plan.num_steps, recipe.workdir)
+  sft_trainer.run(recipe)  # writes COMPLETE last, from process 0
   if jax.process_count() > 1:  # every process is done before process 0 lets other runs in
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices("base policy built")

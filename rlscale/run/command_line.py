@@ -36,7 +36,7 @@ def verbose(argv: list[str]) -> bool:
 
 
 def one_line(error: ConfigError) -> str:
-  """`error: <message>` on one line; validate's list of problems joined by '; '."""
+  """`error: <message>` on one line; the resolve step's list of problems joined by '; '."""
   problems = [line.strip() for line in str(error).splitlines() if line.strip()]
   if len(problems) > 1 and problems[0] == "invalid config:":
     problems = ["invalid config: " + "; ".join(problems[1:])]

@@ -1,13 +1,14 @@
 """Run an experiment config: SFT of a base policy, or RL (any registered algorithm) from one.
 
-The order is fixed: resolve the config once (every field checked, meshes, task, model config
-and batch plan built: rlscale/resolve/resolved.py), refuse a run directory holding another
-config's checkpoints, take the directory's lock, find or build the base policy (RL), and only
-then construct the trainer, which receives all of it.
+The order is fixed: resolve the config once (every field checked; meshes, task, model config,
+batch plan and an SFT base's recipe built; a run directory holding another config's
+checkpoints refused: rlscale/resolve/resolved.py), take the directory's lock, find or build the
+base policy (RL), and only then construct the trainer, which receives all of it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
@@ -31,15 +32,14 @@ def main(cfg: ml_collections.ConfigDict, workdir: str | None = None,
   a resumed run may change (e.g. train.num_steps to extend it). With `base_policy_only`, only
   build (or find) the policy the run starts from: {"base_policy": its folder}."""
   workdir = workdir or default_workdir(cfg, config_file)
-  cfg = resolved.check(cfg, workdir, config_file)  # every field, before any compute
+  # Every field checked; meshes, task, model config, the plan (and an SFT base's recipe) built.
+  # A run directory holding another config's checkpoints is refused here too.
+  run = resolved.resolve(cfg, workdir, config_file, allow_config_change=allow_config_change)
   if base_policy_only:
-    return {} if cfg.kind == "sft" else {"base_policy": base_policy.find_or_build(
-        cfg, config_file)}
-  run = resolved.build(cfg, workdir, config_file)  # meshes, task, model config, the plan
-  experiment.check_resume(workdir, run.cfg, allow_config_change)
+    return {} if run.kind == "sft" else {"base_policy": base_policy.find_or_build(run)}
   logging.info("workdir %s", os.path.abspath(workdir))
   with workdir_lock.held(workdir, jax.process_index() == 0):  # one run at a time in it
     if run.kind == "sft":
       return sft_trainer.run(run)
-    run = run.with_base(base_policy.find_or_build(run.cfg, config_file))
+    run = dataclasses.replace(run, base=base_policy.find_or_build(run))
     return rl_trainer.run(run)  # every algorithm of rlscale/rl/algorithm.py

@@ -94,7 +94,7 @@ def resolve(spec: str, field: str) -> list[str]:
 
 def check(cfg: Mapping[str, Any]) -> list[str]:
   """The errors of a files task's fields that need no reading: the fields named, the paths
-  there, the held-out split chosen (config_validation reports them before any compute)."""
+  there, the held-out split chosen (the resolve step reports them before any compute)."""
   errors = []
   for f in ("prompt_field", "answer_field"):
     if not isinstance(cfg[f], str) or not cfg[f]:

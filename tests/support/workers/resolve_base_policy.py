@@ -16,6 +16,7 @@ from absl import logging
 
 from rlscale.run import base_policy
 from rlscale.config import files as config_files
+from rlscale.resolve import resolved
 from rlscale.parallel import distributed
 from rlscale.trainer import sft_trainer as sft
 
@@ -55,7 +56,7 @@ def main(run_name, cache_dir, out_dir, num_peers):
   count_sft_runs(out_dir, run_name)
   me = f"{run_name}.{jax.process_index()}"
   wait_for_peers(out_dir, me, num_peers)
-  policy = base_policy.find_or_build(cfg, config_file)
+  policy = base_policy.find_or_build(resolved.resolve(cfg, None, config_file))
   with open(os.path.join(out_dir, me + ".txt"), "w") as f:
     f.write(os.path.abspath(policy))
 

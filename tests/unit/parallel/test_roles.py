@@ -69,7 +69,7 @@ def test_weight_sync_moves_the_weights_to_the_samplers_mesh_unchanged():
 
 def test_overlap_with_recomputed_old_logprobs_is_refused():
   from rlscale.config import files as config_files
-  from rlscale.resolve import validate as config_validation
+  from rlscale.resolve import resolved as config_validation
   cfg = config_files.load(os.path.join(REPO, "configs", "grpo.py:tiny"))
   with cfg.unlocked():
     cfg.rollout.overlap, cfg.rl.old_logprobs = True, "recompute"
@@ -171,7 +171,7 @@ def test_overlapped_generation_trains_one_step_off_policy(tmp_path, grpo_single_
   assert all(np.isfinite(v) for r in lagged for v in r.values() if isinstance(v, float))
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=35)
 def test_split_over_two_processes_matches_one_colocated_process(tmp_path,
                                                                 grpo_single_process_run):
   """Each process samples on 2 of its 4 devices and trains on the other 2: the weights and

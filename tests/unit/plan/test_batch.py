@@ -9,7 +9,7 @@ from rlscale.plan import batch
 from rlscale.config import files as config_files
 from rlscale.config.errors import ConfigError
 from rlscale.resolve import resolved
-from rlscale.resolve.validate import validate
+from rlscale.resolve.resolved import validate
 
 
 

@@ -18,7 +18,8 @@ from tests.support.cli import run_in_process
 from rlscale.run import command_line
 from rlscale.config import files as config_files
 from rlscale.config.errors import ConfigError
-from rlscale.resolve.validate import EVAL_METRICS, validate
+from rlscale.config.fields import EVAL_METRICS
+from rlscale.resolve.resolved import validate
 
 # A Hugging Face folder with config.json and weights but no tokenizer.json.
 FIXTURE = os.path.join(FIXTURES, "hf", "qwen3")

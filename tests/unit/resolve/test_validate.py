@@ -8,7 +8,7 @@ from tests.support import REPO
 from tests.support.cli import run_in_process
 from rlscale.config import files as config_files
 from rlscale.config.errors import ConfigError
-from rlscale.resolve.validate import validate
+from rlscale.resolve.resolved import validate
 
 
 

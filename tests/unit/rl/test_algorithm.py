@@ -9,7 +9,7 @@ from tests.support import REPO
 from rlscale.config import files as config_files
 from rlscale.run import train
 from rlscale.config.errors import ConfigError
-from rlscale.resolve.validate import validate
+from rlscale.resolve.resolved import validate
 from rlscale.rl import algorithm
 from rlscale.rl.update import policy_forward
 

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -84,5 +85,6 @@ def test_a_given_checkpoint_needs_no_build(tmp_path):
   with cfg.unlocked():
     cfg.init.cache_dir = str(tmp_path / "cache")
     cfg.init.hf_checkpoint = str(tmp_path / "hf")
-  assert base_policy.find_or_build(cfg, None) == str(tmp_path / "hf")
+  run = types.SimpleNamespace(cfg=cfg)  # a Resolved's config (resolving would check the folder)
+  assert base_policy.find_or_build(run) == str(tmp_path / "hf")
   assert not os.path.exists(tmp_path / "cache")  # no lock file either

@@ -10,7 +10,7 @@ from rlscale.config import files as config_files
 from rlscale.run import train
 from rlscale.config.sections import chain_sum_task
 from rlscale.config.errors import ConfigError
-from rlscale.resolve.validate import validate
+from rlscale.resolve.resolved import validate
 from rlscale.tasks.base import Problem
 from rlscale.tasks.chain_sum import ChainSum
 

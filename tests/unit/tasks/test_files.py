@@ -238,11 +238,12 @@ def test_clear_errors_for_paths_fields_and_rows(tmp_path, tokenizer):
 
 
 def test_config_validation_checks_the_files_task(tmp_path):
-  """Through validate(), as a run would, before any data is read."""
-  from rlscale.resolve.validate import validate
+  """Through the resolve step, as a run would: the paths are checked before any data is read
+  (the tokenizer is not read either); a good config is then built, reading its rows."""
+  from rlscale.resolve.resolved import validate
   folder = tmp_path / "hf"
   shutil.copytree(os.path.join(FIXTURES, "hf", "qwen3"), folder)
-  (folder / "tokenizer.json").write_text("{}")
+  (folder / "tokenizer.json").write_text("{}")  # not a tokenizer: read only once paths are good
   cfg = config_files.load(os.path.join(REPO, "configs", "grpo.py:tiny"))
   cfg.model.hf_checkpoint = cfg.init.hf_checkpoint = str(folder)
   cfg.task.name, cfg.task.train_files = "files", str(tmp_path / "train-*.jsonl")
@@ -252,6 +253,17 @@ def test_config_validation_checks_the_files_task(tmp_path):
   assert "task.eval_files is empty and task.eval_fraction=0" in str(e.value)
   _jsonl(tmp_path / "train-0.jsonl", ROWS)
   cfg.task.eval_fraction = 0.1
+  with pytest.raises(ConfigError, match="tokenizer.json: cannot be read by tokenizers"):
+    validate(cfg)  # the paths are good: the task is built, with the folder's tokenizer
+  shutil.copy(os.path.join(make_tokenizer_folder(str(tmp_path / "tok")), "tokenizer.json"), folder)
+  with pytest.raises(ConfigError, match="task.prompt_field='question' is not a column"):
+    validate(cfg)  # the rows are read: their columns are problem and solution
+  cfg.task.prompt_field, cfg.task.answer_field = "problem", "solution"
+  with pytest.raises(ConfigError, match=r"model.vocab_size=256 is smaller than the task's "
+                     r"vocabulary \(300\)"):
+    validate(cfg)  # the fixture's model has fewer ids than this tokenizer
+  hf_config = json.loads((folder / "config.json").read_text())
+  (folder / "config.json").write_text(json.dumps(dict(hf_config, vocab_size=320)))  # weights unread
   validate(cfg)
 
 
