@@ -46,7 +46,9 @@ setup(
     extras_require={
         # safetensors: a cross-check; wheel: the packaging test builds a wheel without build
         # isolation, and a venv's setuptools before 70.1 has no bdist_wheel of its own.
-        "test": ["pytest>=8", "pytest-xdist>=3.6", "tensorflow-datasets>=4.9", "safetensors>=0.4", "wheel>=0.41"],
+        # pytest < 9: pytest-xdist 3.8 groups tests by rewriting item._nodeid, which pytest 9
+        # no longer reads (tests/conftest.py refuses to run when the groups are lost).
+        "test": ["pytest>=8,<9", "pytest-xdist>=3.6", "tensorflow-datasets>=4.9", "safetensors>=0.4", "wheel>=0.41"],
         # TFDS math_dataset through tfds.data_source (no TensorFlow needed).
         "tfds": ["tensorflow-datasets>=4.9"],
         # Procedural problems from reasoning-gym's generators.

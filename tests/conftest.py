@@ -80,7 +80,10 @@ def grpo_single_process_run(tmp_path_factory, tiny_sft_base):
 # --- one session, quick tests first (.ci/run: pytest -m "" runs every test) -----------------
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+# A wrapper: its part before `yield` runs before every plain implementation, pytest-xdist's
+# included, which turns each item's xdist_group marker into its node id's @group suffix (with
+# tryfirst=True, xdist's ran first on the workers and saw no marker: no group took effect).
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(session, config, items):
   """The quick tests run before the slow ones; a quick failure stops the session before them.
   The slow tests that take longest (`@pytest.mark.slow(seconds=N)`, N measured on a 2-core
@@ -97,6 +100,7 @@ def pytest_collection_modifyitems(session, config, items):
     group = _xdist_group(item)
     if group:
       item.add_marker(pytest.mark.xdist_group(group))
+  return (yield)
 
 
 def _order(item) -> tuple[int, float]:
@@ -118,6 +122,20 @@ def _xdist_group(item) -> str | None:
 
 
 _HAS_SLOW = pytest.StashKey[bool]()
+
+
+def pytest_collection_finish(session):
+  """On a pytest-xdist worker (--dist loadgroup), every grouped test's node id must carry its
+  group, or the groups silently do nothing (pytest 9 ignores the node id pytest-xdist 3.8
+  writes: each worker then built the module fixtures and conftest's one-worker runs itself).
+  The worker's UsageError stops the session (pytest-xdist reports it as an INTERNALERROR)."""
+  if getattr(session.config.option, "loadgroup", False):
+    lost = [i.nodeid for i in session.items
+            if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if lost:
+      raise pytest.UsageError(f"pytest-xdist did not apply the xdist_group of {len(lost)} "
+                              f"tests (e.g. {lost[0]}): check the pytest and pytest-xdist "
+                              f"versions (setup.py's test extra)")
 
 
 @pytest.hookimpl(hookwrapper=True)
