@@ -144,7 +144,10 @@ class BatchPlan:
 
 
 def divisors(n: int) -> list[int]:
-  return [d for d in range(1, n + 1) if n % d == 0]
+  """The divisors of n, ascending, in O(sqrt(n)) steps (a config's 10**9 rows takes
+  milliseconds, not minutes)."""
+  small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+  return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def micro_rows_cap(seq_len: int, memory_tokens: int | None = None) -> tuple[int, str]:

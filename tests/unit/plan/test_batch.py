@@ -124,3 +124,12 @@ def test_algorithm_errors_come_from_the_algorithm():
   cfg.kind = "a2c"
   with pytest.raises(ConfigError, match="kind='a2c'; known: sft, grpo, ppo, ppo_ewma"):
     validate(cfg)
+
+
+def test_divisors_are_every_divisor_ascending():
+  for n in range(1, 2001):
+    assert batch.divisors(n) == [d for d in range(1, n + 1) if n % d == 0], n
+  n = 2 ** 10 * 3 ** 5 * 5 ** 4 * 7 ** 3  # ~5.3e10: 3960 divisors, in sqrt(n) ~ 2.3e5 steps
+  got = batch.divisors(n)
+  assert len(got) == 11 * 6 * 5 * 4 and got == sorted(set(got))
+  assert all(n % d == 0 for d in got) and got[0] == 1 and got[-1] == n
