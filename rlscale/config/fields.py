@@ -100,10 +100,11 @@ def sections(cfg) -> str:
   return kind
 
 
-def check(cfg, workdir: str | None = None) -> list[str]:
+def check(cfg, workdir: str | None = None, allow_config_change: tuple[str, ...] = ()) -> list[str]:
   """The errors of the fields below (`workdir`, when given, must be a directory the run can
-  create or reuse)."""
+  create or reuse; each of `allow_config_change` must name a field of `cfg`)."""
   errors = check_directory(workdir) if workdir is not None else []
+  errors += _allowed(cfg, allow_config_change)
   m = cfg.model
   errors += [f"model.{f}={m[f]!r}: use {', '.join(_DTYPES[:-1])} or {_DTYPES[-1]}"
              for f in ("dtype", "param_dtype") if m[f] not in _DTYPES]
@@ -118,6 +119,26 @@ def check(cfg, workdir: str | None = None) -> list[str]:
     number(errors, "noise.decay", n.decay, "in (0, 1)", lambda v: 0 < v < 1)
     _target(errors, cfg)
     _folders(errors, cfg)
+  return errors
+
+
+def _paths(node, prefix: str = "") -> list[str]:
+  out = []
+  for k, v in node.items():
+    out += _paths(v, f"{prefix}{k}.") if hasattr(v, "items") else [prefix + k]
+  return out
+
+
+def _allowed(cfg, allow: tuple[str, ...]) -> list[str]:
+  """A field --allow_config_change names that the config lacks would be ignored: an error."""
+  import difflib
+  paths = _paths(cfg)
+  errors = []
+  for name in allow:
+    if name not in paths:
+      close = difflib.get_close_matches(name, paths, n=1)
+      errors.append(f"--allow_config_change={name!r} is not a field of the config"
+                    + (f"; did you mean {close[0]}?" if close else ""))
   return errors
 
 

@@ -58,14 +58,14 @@ def resolve(cfg: ml_collections.ConfigDict, workdir: str | None, config_file: st
   every bad field otherwise).
 
   `workdir`, when given, must be a directory the run can create or reuse, and one holding
-  checkpoints of another config is refused (but for the fields in `allow_config_change`:
-  experiment.check_resume); `setup` replaces the one the config describes
+  checkpoints of another config is refused (but for the fields in `allow_config_change`, each
+  of which must be a field of the config: experiment.check_resume); `setup` replaces the one the config describes
   (benchmarks/rl_step.py trains on a task of its own); `config_file` locates a relative
   init.sft_config as the run will.
   """
   cfg = defaults.fill(cfg)
   fields.sections(cfg)  # a missing kind or section is reported alone
-  errors = fields.check(cfg, workdir) + owner_checks.errors(cfg)
+  errors = fields.check(cfg, workdir, allow_config_change) + owner_checks.errors(cfg)
   env = setup or experiment.setup(cfg, errors)
   plan = batch.plan_for(cfg, env, errors)
   recipe = _recipe(cfg, config_file, env, errors)

@@ -31,7 +31,8 @@ def main(cfg: ml_collections.ConfigDict, workdir: str | None = None,
   """Run `cfg` in `workdir`, resuming its checkpoints; `allow_config_change` lists the fields
   a resumed run may change (e.g. train.num_steps to extend it). With `base_policy_only`, only
   build (or find) the policy the run starts from: {"base_policy": its folder}."""
-  workdir = workdir or default_workdir(cfg, config_file)
+  if workdir is None:  # an empty one given is an error of the resolve step
+    workdir = default_workdir(cfg, config_file)
   # Every field checked; meshes, task, model config, the plan (and an SFT base's recipe) built.
   # A run directory holding another config's checkpoints is refused here too.
   run = resolved.resolve(cfg, workdir, config_file, allow_config_change=allow_config_change)

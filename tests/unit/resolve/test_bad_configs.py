@@ -323,3 +323,16 @@ def test_a_complete_hf_folder_is_accepted(tmp_path):
   cfg = config_files.load(os.path.join(REPO, "configs", "ppo.py:tiny"))
   cfg.model.hf_checkpoint = cfg.init.hf_checkpoint = cfg.critic.hf_checkpoint = str(folder)
   validate(cfg)
+
+
+def test_a_misspelled_allowed_change_and_an_empty_workdir_are_errors(tmp_path):
+  """Neither is ignored: a field --allow_config_change names must exist, and --workdir= (empty)
+  is not the default run directory."""
+  out = _cli("--config=configs/grpo.py:tiny", "--allow_config_change=train.num_step",
+             f"--workdir={tmp_path}/run")
+  _one_line_error(out, "--allow_config_change='train.num_step' is not a field of the config",
+                  "did you mean train.num_steps?")
+  assert not os.path.exists(tmp_path / "run")
+  out = _cli("--config=configs/grpo.py:tiny", "--workdir=", cwd=tmp_path)
+  _one_line_error(out, "--workdir='' must name a directory")
+  assert not os.path.exists(tmp_path / "runs")
