@@ -26,6 +26,7 @@ from absl import logging
 from rlscale.trainer import preemption
 from rlscale.checkpoints.checkpointer import Checkpointer
 from rlscale.metrics.writer import MetricsWriter, Progress
+from rlscale.resolve import experiment
 
 
 class NonFiniteError(FloatingPointError):
@@ -160,6 +161,10 @@ class Loop:
   def run(self) -> tuple[dict[str, Any], dict[str, float]]:
     """Run to the last step; returns (counters, last evaluation)."""
     start = self.restore()
+    # Only once the checkpoint restored into this config's arrays: a resume that fails (a
+    # model of another shape allowed by --allow_config_change) leaves config.json and the
+    # config history as they were, and the original command still resumes.
+    experiment.prepare_workdir(self.workdir, self.cfg)
     self.writer = MetricsWriter(self.workdir, resume_step=start or None,  # None: a new file
                                 tensorboard=self.cfg.train.tensorboard,
                                 restore=self.metrics_rows)

@@ -25,7 +25,7 @@ from flax import nnx
 
 from rlscale.plan import batch
 from rlscale.parallel import distributed
-from rlscale.resolve import experiment, resolved
+from rlscale.resolve import resolved
 from rlscale.metrics import flops
 from rlscale.metrics import memory_report
 from rlscale.parallel import roles
@@ -64,7 +64,6 @@ class RLTrainer:
     cfg, base = run.cfg, run.base
     self.cfg, self.workdir = cfg, run.workdir
     self.env = env = run.setup
-    experiment.prepare_workdir(self.workdir, cfg)
     policy, self.model_cfg = hf.load_policy(base, env.mesh, env.rules, dtype=cfg.model.dtype,
                                             param_dtype=cfg.model.param_dtype)
     self.graphdef, params = nnx.split(policy)

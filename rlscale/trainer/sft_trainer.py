@@ -17,7 +17,7 @@ from flax import nnx
 
 from rlscale import models
 from rlscale.parallel import distributed
-from rlscale.resolve import experiment, resolved
+from rlscale.resolve import resolved
 from rlscale.rl import optim
 from rlscale.parallel import sharding
 from rlscale.checkpoints import hf
@@ -54,7 +54,6 @@ class SFTTrainer:
     cfg = run.cfg
     self.cfg, self.workdir = cfg, run.workdir
     self.env = env = run.setup
-    experiment.prepare_workdir(self.workdir, cfg)
     self.plan = run.plan
     logging.info("batch plan: %s", self.plan.summary_line())
     self.batch_size = self.samples_per_step = self.plan.num_prompts

@@ -35,7 +35,7 @@ def _rows(workdir):
 
 
 @pytest.mark.slow(seconds=45)
-def test_grpo_tiny_end_to_end(tiny_sft_base, tmp_path):
+def test_grpo_tiny_end_to_end(tiny_sft_base, tmp_path, monkeypatch):
   cfg = _config(tiny_sft_base)
   summary = train.main(cfg, str(tmp_path / "run"))
   run = tmp_path / "run"
@@ -76,6 +76,18 @@ def test_grpo_tiny_end_to_end(tiny_sft_base, tmp_path):
   cached = sorted(os.listdir(tiny_sft_base))
   train.main(_config(tiny_sft_base), str(tmp_path / "run2"))
   assert sorted(os.listdir(tiny_sft_base)) == cached
+  # A resume whose restore fails (here: made to) leaves config.json and the history as they
+  # were, so the original command still resumes.
+  before = {n: (run / n).read_bytes() for n in ("config.json", "config_history.jsonl")}
+
+  def fails(*args, **kwargs):
+    raise ValueError("this checkpoint does not fit the new config")
+  with monkeypatch.context() as m:
+    m.setattr(Checkpointer, "restore_latest", fails)
+    with pytest.raises(ValueError, match="does not fit"):
+      train.main(_config(tiny_sft_base, **{"train.num_steps": 6}), str(run),
+                 allow_config_change=("train.num_steps",))
+  assert {n: (run / n).read_bytes() for n in before} == before
   # Re-running the finished run does no step and keeps its summary's evaluation and counts.
   again = train.main(_config(tiny_sft_base), str(run))
   assert again["compilations"] == {"actor": 1, "sampler": 1}
