@@ -25,6 +25,11 @@ from rlscale.checkpoints import checks
 CHECKSUMS = "_checksums"  # the meta key of the arrays' checksums; refused in a caller's meta
 
 
+class CheckpointMismatch(ValueError):
+  """A step that holds other arrays or shapes than the restore asks for: a changed model or
+  config, not damage (the step is left where it is)."""
+
+
 class CheckpointDamaged(Exception):
   """A saved step that cannot be used: an array is unreadable or fails its checksum."""
 
@@ -96,7 +101,7 @@ class Checkpointer:
       checks.quiet_late_reads()
     kind, array, problem = checks.agree(verdict)
     if kind == "mismatch":
-      raise ValueError(f"checkpoint step {step} in {self.directory} does not hold what the "
+      raise CheckpointMismatch(f"checkpoint step {step} in {self.directory} does not hold what the "
                        f"restore asks for: {problem}")
     if kind == "damaged":
       raise CheckpointDamaged(step, array, problem)

@@ -24,7 +24,8 @@ import numpy as np
 from absl import logging
 
 from rlscale.trainer import preemption
-from rlscale.checkpoints.checkpointer import Checkpointer
+from rlscale.checkpoints.checkpointer import Checkpointer, CheckpointMismatch
+from rlscale.config.errors import ConfigError
 from rlscale.metrics.writer import MetricsWriter, Progress
 from rlscale.resolve import experiment
 
@@ -146,7 +147,12 @@ class Loop:
   # --- the run ---
 
   def restore(self) -> int:
-    step, state, meta = self.ckpt.restore_latest(self.trainer.state())  # skips damaged steps
+    try:
+      step, state, meta = self.ckpt.restore_latest(self.trainer.state())  # skips damaged steps
+    except CheckpointMismatch as e:  # a user's change (--allow_config_change), in one line
+      raise ConfigError(f"{e}: this config's model or optimizer state differs from the one "
+                        f"the checkpoints were saved with; resume with that config, or give "
+                        f"another --workdir") from e
     start = step or 0
     if start:
       self.trainer.load(state, meta.pop("trainer", {}))

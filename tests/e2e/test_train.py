@@ -11,7 +11,8 @@ from rlscale.config import files as config_files
 from rlscale.trainer import loop
 from rlscale.run import base_policy, train
 from rlscale.trainer import sft_trainer
-from rlscale.checkpoints.checkpointer import Checkpointer
+from rlscale.checkpoints.checkpointer import Checkpointer, CheckpointMismatch
+from rlscale.config.errors import ConfigError
 
 # The only metrics that may differ on resume.
 TIMING = ("time/", "throughput/", "memory/", "wall_time")
@@ -81,10 +82,10 @@ def test_grpo_tiny_end_to_end(tiny_sft_base, tmp_path, monkeypatch):
   before = {n: (run / n).read_bytes() for n in ("config.json", "config_history.jsonl")}
 
   def fails(*args, **kwargs):
-    raise ValueError("this checkpoint does not fit the new config")
+    raise CheckpointMismatch("checkpoint step 4 does not hold what the restore asks for")
   with monkeypatch.context() as m:
     m.setattr(Checkpointer, "restore_latest", fails)
-    with pytest.raises(ValueError, match="does not fit"):
+    with pytest.raises(ConfigError, match="does not hold .* resume with that config"):
       train.main(_config(tiny_sft_base, **{"train.num_steps": 6}), str(run),
                  allow_config_change=("train.num_steps",))
   assert {n: (run / n).read_bytes() for n in before} == before

@@ -17,7 +17,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from rlscale.parallel import sharding
-from rlscale.checkpoints.checkpointer import CHECKSUMS, CheckpointDamaged, Checkpointer
+from rlscale.checkpoints.checkpointer import (CHECKSUMS, CheckpointDamaged, CheckpointMismatch,
+                                              Checkpointer)
 
 
 
@@ -277,9 +278,9 @@ def test_restore_into_other_arrays_is_an_error_not_damage(tmp_path, mesh):
   _saved(directory, mesh)
   like = {**_data_state(mesh, 0), "b": jnp.zeros((8,))}
   ckpt = Checkpointer(directory)
-  with pytest.raises(ValueError, match=r"step 2 .* shapes: b saved \[16\], asked \[8\]"):
+  with pytest.raises(CheckpointMismatch, match=r"step 2 .* shapes: b saved \[16\], asked \[8\]"):
     ckpt.restore_latest(like)
-  with pytest.raises(ValueError, match=r"not saved: extra"):
+  with pytest.raises(CheckpointMismatch, match=r"not saved: extra"):
     ckpt.restore(2, {**_data_state(mesh, 0), "extra": jnp.zeros(())})
   assert ckpt.latest_step() == 2 and not os.path.exists(os.path.join(directory, "damaged"))
   ckpt.close()
