@@ -88,6 +88,17 @@ def fill(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return cfg
 
 
+def flat(config: dict, prefix: str = "") -> dict:
+  """A nested config dict as {"a.b": v}, the form fill_dict and the resume check read."""
+  out = {}
+  for k, v in config.items():
+    if isinstance(v, dict):
+      out.update(flat(v, f"{prefix}{k}."))
+    else:
+      out[prefix + k] = v
+  return out
+
+
 def fill_dict(flat: dict) -> dict:
   """A flattened config.json ({"a.b": v}) with the defaults of its sections' missing fields."""
   sections = {k.rpartition(".")[0] for k in flat}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 
+from rlscale.config import defaults
 from rlscale.config.errors import ConfigError
 
 __all__ = ["EVAL_METRICS", "check", "check_directory", "integer", "number", "boolean",
@@ -122,17 +123,10 @@ def check(cfg, workdir: str | None = None, allow_config_change: tuple[str, ...] 
   return errors
 
 
-def _paths(node, prefix: str = "") -> list[str]:
-  out = []
-  for k, v in node.items():
-    out += _paths(v, f"{prefix}{k}.") if hasattr(v, "items") else [prefix + k]
-  return out
-
-
 def _allowed(cfg, allow: tuple[str, ...]) -> list[str]:
   """A field --allow_config_change names that the config lacks would be ignored: an error."""
   import difflib
-  paths = _paths(cfg)
+  paths = list(defaults.flat(cfg.to_dict()))
   errors = []
   for name in allow:
     if name not in paths:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -40,15 +40,6 @@ class Meshes:
     return self.sampler is not self.trainer
 
 
-def shape_errors(field: str, shape: Any, devices: int) -> list[str]:
-  """Errors of a (data, fsdp, tensor) shape with at most one -1 over `devices` devices."""
-  try:
-    sharding.resolve_shape(shape, devices, field)
-  except ValueError as e:
-    return [str(e)]
-  return []
-
-
 def _role_errors(mesh_cfg, devices: int, processes: int) -> list[str]:
   """The errors of mesh.roles and mesh.sampler_devices (the shapes aside)."""
   roles = mesh_cfg["roles"]
@@ -64,16 +55,6 @@ def _role_errors(mesh_cfg, devices: int, processes: int) -> list[str]:
     return [f"mesh.sampler_devices={s} must split over {processes} processes (each keeps "
             f"devices in both roles)"]
   return []
-
-
-def check(mesh_cfg, devices: int, processes: int) -> list[str]:
-  """The errors of the config's mesh section on `devices` devices over `processes` processes."""
-  errors = _role_errors(mesh_cfg, devices, processes)
-  if errors or mesh_cfg["roles"] == "colocated":
-    return errors or shape_errors("mesh.shape", mesh_cfg.shape, devices)
-  s = mesh_cfg["sampler_devices"]
-  return (shape_errors("mesh.shape", mesh_cfg.shape, devices - s)
-          + shape_errors("mesh.sampler_shape", mesh_cfg.sampler_shape, s))
 
 
 def role_devices(sampler_devices: int) -> tuple[list[jax.Device], list[jax.Device]]:

@@ -319,15 +319,6 @@ def _generation_batch(errors, value, rows: int, unit: int, kv_bytes_per_row: int
   return min(value, rows)
 
 
-def batch_shards(mesh_shape, rules, device_count: int) -> int:
-  """Batch shards of a mesh of `mesh_shape` (one -1 allowed) over `device_count` devices."""
-  from rlscale.parallel import sharding
-  shape = sharding.resolve_shape(mesh_shape, device_count)
-  axes = rules.get("batch") or ()
-  axes = axes if isinstance(axes, tuple) else (axes,)
-  return math.prod(dict(zip(sharding.MESH_AXES, shape))[a] for a in axes)
-
-
 def plan_for(cfg, env, errors: list[str] | None = None) -> BatchPlan | None:
   """The plan of a run (its config, defaults filled) on its mesh, with the task's sequence
   length, the model's KV cache and the training pass's memory (`train_memory_of`) sizing the

@@ -133,16 +133,6 @@ def config_hash(cfg: ml_collections.ConfigDict, drop: tuple[str, ...] = ()) -> s
 
 # Fields a resumed run may change without asking: they change no number the run computes.
 FREE_TO_CHANGE = ("train.log_every", "train.tensorboard", "train.async_checkpoint")
-def _flat(d: dict, prefix: str = "") -> dict:
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict):
-      out.update(_flat(v, f"{prefix}{k}."))
-    else:
-      out[prefix + k] = v
-  return out
-
-
 def _has_checkpoint(workdir: str) -> bool:
   folder = os.path.join(workdir, "checkpoints")
   return os.path.isdir(folder) and any(n.isdigit() for n in os.listdir(folder))
@@ -160,9 +150,9 @@ def check_resume(workdir: str, cfg: ml_collections.ConfigDict,
   if not (os.path.exists(path) and _has_checkpoint(workdir)):
     return
   with open(path) as f:
-    old = _flat(json.load(f))
+    old = defaults.flat(json.load(f))
   old = defaults.fill_dict(old)  # a field added since: the value the old run used
-  new = _flat(json.loads(cfg.to_json_best_effort()))
+  new = defaults.flat(json.loads(cfg.to_json_best_effort()))
   changed = [f"{k}: {old.get(k, '(absent)')!r} -> {new.get(k, '(absent)')!r}"
              for k in sorted(set(old) | set(new))
              if old.get(k) != new.get(k) and k not in FREE_TO_CHANGE + tuple(allow)]

@@ -20,16 +20,16 @@ __all__ = ["errors"]
 
 def errors(cfg: ml_collections.ConfigDict) -> list[str]:
   """The errors the algorithm, the optimizers and the sampler find in `cfg`."""
-  errors = [] if cfg.kind == "sft" else algorithm.check(cfg)
-  errors += optim.check(cfg.optim, "optim")
+  found = [] if cfg.kind == "sft" else algorithm.check(cfg)
+  found += optim.check(cfg.optim, "optim")
   if cfg.kind == "sft":
-    return errors
+    return found
   if "critic" in cfg:
-    errors += optim.check(cfg.critic.optim, "critic.optim")
+    found += optim.check(cfg.critic.optim, "critic.optim")
   ro = cfg.rollout
   try:
     SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=1.0, top_k=ro.top_k,
                    top_p=ro.top_p, decode_chunk=ro.decode_chunk)
   except (ValueError, TypeError) as e:  # "sampling: a=1 must ...; b=2 must ..."
-    errors += ["rollout." + m for m in str(e).removeprefix("sampling: ").split("; ")]
-  return errors
+    found += ["rollout." + m for m in str(e).removeprefix("sampling: ").split("; ")]
+  return found

@@ -59,9 +59,9 @@ def resolve(cfg: ml_collections.ConfigDict, workdir: str | None, config_file: st
 
   `workdir`, when given, must be a directory the run can create or reuse, and one holding
   checkpoints of another config is refused (but for the fields in `allow_config_change`, each
-  of which must be a field of the config: experiment.check_resume); `setup` replaces the one the config describes
-  (benchmarks/rl_step.py trains on a task of its own); `config_file` locates a relative
-  init.sft_config as the run will.
+  of which must be a field of the config: experiment.check_resume); `setup` replaces the one
+  the config describes (benchmarks/rl_step.py trains on a task of its own); `config_file`
+  locates a relative init.sft_config as the run will.
   """
   cfg = defaults.fill(cfg)
   fields.sections(cfg)  # a missing kind or section is reported alone

@@ -8,7 +8,6 @@ base policy (RL), and only then construct the trainer, which receives all of it.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import jax
@@ -42,5 +41,5 @@ def main(cfg: ml_collections.ConfigDict, workdir: str | None = None,
   with workdir_lock.held(workdir, jax.process_index() == 0):  # one run at a time in it
     if run.kind == "sft":
       return sft_trainer.run(run)
-    run = dataclasses.replace(run, base=base_policy.find_or_build(run))
+    run = run.with_base(base_policy.find_or_build(run))
     return rl_trainer.run(run)  # every algorithm of rlscale/rl/algorithm.py

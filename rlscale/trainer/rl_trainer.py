@@ -60,7 +60,8 @@ class RLTrainer:
   def __init__(self, run: resolved.Resolved):
     """`run`: the resolved config, its setup (mesh, rules, task), batch plan and base policy."""
     if run.base is None:
-      raise ValueError("RLTrainer needs the base policy's folder: Resolved.with_base(...), run/base_policy.py")
+      raise ValueError("RLTrainer needs the base policy's folder: Resolved.with_base(...) "
+                       "with run/base_policy.find_or_build's")
     cfg, base = run.cfg, run.base
     self.cfg, self.workdir = cfg, run.workdir
     self.env = env = run.setup

@@ -34,8 +34,11 @@ def _mesh_cfg(**kw):
      r"mesh.sampler_shape=\(1, 1, 4\) does not fit 2 devices"),
 ])
 def test_bad_roles_are_refused_naming_the_field(kw, message):
-  errors = roles.check(_mesh_cfg(**kw), 8, 1)
+  errors = []  # the resolve step's list; on the tests' 8 simulated devices, one process
+  assert roles.make_meshes(_mesh_cfg(**kw), errors) is None
   assert errors and any(__import__("re").search(message, e) for e in errors), errors
+  with pytest.raises(ValueError, match=message):  # without a list: raised
+    roles.make_meshes(_mesh_cfg(**kw))
 
 
 def test_split_meshes_are_disjoint_and_cover_the_devices():
@@ -69,12 +72,12 @@ def test_weight_sync_moves_the_weights_to_the_samplers_mesh_unchanged():
 
 def test_overlap_with_recomputed_old_logprobs_is_refused():
   from rlscale.config import files as config_files
-  from rlscale.resolve import resolved as config_validation
+  from rlscale.resolve import resolved
   cfg = config_files.load(os.path.join(REPO, "configs", "grpo.py:tiny"))
   with cfg.unlocked():
     cfg.rollout.overlap, cfg.rl.old_logprobs = True, "recompute"
   with pytest.raises(ConfigError, match=r"rollout.overlap=True with rl.old_logprobs='recompute'"):
-    config_validation.validate(cfg)
+    resolved.validate(cfg)
 
 
 def _rows(run_dir):
