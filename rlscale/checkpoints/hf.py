@@ -132,14 +132,29 @@ def config_from_hf(hf: dict[str, Any], generation: dict[str, Any] | None = None,
     problems.append("attention_bias=true")
   if hf.get("use_sliding_window"):
     problems.append("use_sliding_window=true")
-  max_position = _max_position(hf, family)
-  rope, type_field = _rope_parameters(hf, family, problems)
-  scaling = _rope_scaling(rope, type_field, max_position, problems)
-  if problems:
-    raise CheckpointError(f"config.json ({family}) is not supported: " + "; ".join(problems))
+  try:
+    max_position = _max_position(hf, family)
+    rope, type_field = _rope_parameters(hf, family, problems)
+    scaling = _rope_scaling(rope, type_field, max_position, problems)
+    if problems:
+      raise CheckpointError(f"config.json ({family}) is not supported: " + "; ".join(problems))
+    fields = _fields(hf, family, rope, scaling, max_position)
+  except CheckpointError:
+    raise
+  except KeyError as e:
+    raise CheckpointError(f"config.json ({family}) lacks the field {e.args[0]!r}") from None
+  except (TypeError, ValueError) as e:
+    raise CheckpointError(f"config.json ({family}) has a field of the wrong type ({e})") from None
+  if generation is not None:
+    fields["generation_config"] = json.dumps(generation, sort_keys=True)
+  fields.update({k: v for k, v in overrides.items() if v is not None})
+  return ModelConfig(**fields)
+
+
+def _fields(hf: dict[str, Any], family: str, rope: dict, scaling, max_position) -> dict[str, Any]:
   heads = int(hf["num_attention_heads"])
   eos = hf.get("eos_token_id")
-  fields = dict(
+  return dict(
       family=family, vocab_size=int(hf["vocab_size"]), d_model=int(hf["hidden_size"]),
       num_layers=int(hf["num_hidden_layers"]), num_heads=heads,
       num_kv_heads=int(hf.get("num_key_value_heads") or heads),
@@ -153,9 +168,7 @@ def config_from_hf(hf: dict[str, Any], generation: dict[str, Any] | None = None,
       # defaults) when there is no generation_config.json.
       bos_id=hf.get("bos_token_id"), pad_id=hf.get("pad_token_id"),
       eos_ids=() if eos is None else (eos,) if isinstance(eos, int) else tuple(eos),
-      generation_config=None if generation is None else json.dumps(generation, sort_keys=True))
-  fields.update({k: v for k, v in overrides.items() if v is not None})
-  return ModelConfig(**fields)
+      generation_config=None)
 
 
 def _eos_to_hf(eos_ids: tuple[int, ...]) -> int | list[int] | None:
@@ -221,10 +234,13 @@ def generation_config_to_hf(cfg: ModelConfig, source: ModelConfig | None = None)
 
 def _read_json(path: str) -> dict[str, Any]:
   try:
-    with open(path) as f:
-      return json.load(f)
-  except json.JSONDecodeError as e:
+    with open(path, encoding="utf-8") as f:
+      out = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+  if not isinstance(out, dict):
+    raise CheckpointError(f"{path}: holds a {type(out).__name__}, not a JSON object")
+  return out
 
 
 def read_config(folder: str) -> dict[str, Any]:
@@ -368,9 +384,20 @@ def load_model(folder: str, model_cls, mesh: Mesh, rules: sharding.Rules,
       raise CheckpointError(f"{folder}: {'/'.join(map(str, path))} built from the checkpoint has "
                             f"shape {host.shape}, config.json implies {want.shape}")
     host = np.asarray(host, dtype=want.dtype)
+    if not np.isfinite(np.sum(host, dtype=np.float32)):  # one reduction: a NaN or inf anywhere
+      raise CheckpointError(f"{folder}: tensor {_not_finite(cfg, path, want, tensors)} holds NaN "
+                            "or inf values")
     arr = jax.make_array_from_callback(want.shape, flat_sh[path].get_value(), lambda idx: host[idx])
     leaves[path] = var.replace(arr)
   return nnx.merge(graphdef, nnx.from_flat_state(leaves)), cfg
+
+
+def _not_finite(cfg: ModelConfig, path: tuple, want, tensors) -> str:
+  """The name of the HF tensor behind our parameter `path` that holds a NaN or an inf."""
+  for name, _ in _hf_shapes(cfg, path, want):
+    if not np.isfinite(np.asarray(tensors.get(name), np.float32)).all():
+      return repr(name)
+  return "/".join(map(str, path))
 
 
 def _to_host(x: jax.Array) -> np.ndarray:
@@ -439,23 +466,39 @@ def _file_plan(cfg: ModelConfig, params, out_dtype, max_shard_bytes: int):
   files: list[list[tuple[str, tuple, np.dtype]]] = [[]]
   size = 0
   for path, var in params:
-    value = var.get_value()
-    names: list[str] = []
-
-    def hf_tensors(x, path=path, names=names):
-      pairs = list(_to_hf(cfg, _path(path), x))
-      names[:] = [n for n, _ in pairs]
-      return [t for _, t in pairs]
-
-    outs = jax.eval_shape(hf_tensors, jax.ShapeDtypeStruct(value.shape, value.dtype))
+    shapes = _hf_shapes(cfg, path, var.get_value())
     plan.append((path, var))
-    nbytes = sum(int(np.prod(o.shape)) * out_dtype.itemsize for o in outs)
+    nbytes = sum(int(np.prod(shape)) * out_dtype.itemsize for _, shape in shapes)
     if size and size + nbytes > max_shard_bytes:
       files.append([])
       size = 0
-    files[-1].extend((n, o.shape, out_dtype) for n, o in zip(names, outs))
+    files[-1].extend((n, shape, out_dtype) for n, shape in shapes)
     size += nbytes
   return plan, files
+
+
+def _hf_shapes(cfg: ModelConfig, path: tuple, value) -> list[tuple[str, tuple[int, ...]]]:
+  """(HF name, shape) of the tensors our parameter at `path` (an array or its shape) becomes."""
+  names: list[str] = []
+
+  def hf_tensors(x):
+    pairs = list(_to_hf(cfg, _path(path), x))
+    names[:] = [n for n, _ in pairs]
+    return [t for _, t in pairs]
+
+  outs = jax.eval_shape(hf_tensors, jax.ShapeDtypeStruct(value.shape, value.dtype))
+  return [(n, tuple(o.shape)) for n, o in zip(names, outs)]
+
+
+def expected_tensors(model_cls, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+  """The Hugging Face tensors (name -> shape) a folder must hold to load `model_cls` of `cfg`:
+  every parameter but a critic's value head, computed from shapes alone."""
+  _, abs_state = abstract_model(model_cls, cfg)
+  out = {}
+  for path, var in nnx.to_flat_state(abs_state):
+    if path[0] not in _NOT_IN_HF:
+      out.update(_hf_shapes(cfg, path, var.get_value()))
+  return out
 
 
 def _write_metadata(folder, cfg, source, extra_config, out_dtype, names, files) -> None:

@@ -14,6 +14,8 @@ from typing import Iterator, Mapping
 import ml_dtypes
 import numpy as np
 
+from rlscale.config.errors import ConfigError
+
 DTYPES = {
     "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
     "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype(np.int64), "I32": np.dtype(np.int32),
@@ -24,8 +26,9 @@ _NAMES = {v: k for k, v in DTYPES.items()}
 _MAX_HEADER = 100 << 20
 
 
-class CheckpointError(ValueError):
-  """A checkpoint file or folder that cannot be read as what it claims to be."""
+class CheckpointError(ConfigError):
+  """A checkpoint file or folder that cannot be read as what it claims to be: a user's input,
+  reported as one line (exit status 2) as a config field's is."""
 
 
 class SafetensorsFile:
@@ -178,6 +181,9 @@ class SafetensorsFolder:
 
   def shape(self, name: str) -> tuple[int, ...]:
     return self._file(name).shape(name)
+
+  def dtype(self, name: str) -> np.dtype:
+    return self._file(name).dtype(name)
 
   def get(self, name: str) -> np.ndarray:
     return self._file(name).get(name)

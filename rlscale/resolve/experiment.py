@@ -16,6 +16,7 @@ from jax.sharding import Mesh
 from rlscale import models, tasks
 from rlscale.parallel import roles
 from rlscale.parallel import sharding
+from rlscale.checkpoints import hf_checks
 from rlscale.checkpoints.hf import config_from_folder
 from rlscale.checkpoints.tokenizer import HFTokenizer
 from rlscale.config import defaults
@@ -59,6 +60,8 @@ def setup(cfg: ml_collections.ConfigDict, errors: list[str] | None = None) -> Se
     own.append(f"mesh.rules={cfg.mesh.rules!r}: {e}")
     rules = None
   model_cfg = _model(cfg, own)
+  if model_cfg is not None and cfg.kind != "sft":
+    own += _weight_errors(cfg, model_cfg, own)
   task = _task(cfg, model_cfg, own)
   if own and errors is None:
     raise ValueError("; ".join(own))
@@ -90,6 +93,23 @@ def _model(cfg, errors: list[str]) -> models.ModelConfig | None:
   return None
 
 
+def _weight_errors(cfg, model_cfg: models.ModelConfig, errors: list[str]) -> list[str]:
+  """The checkpoint folders an RL run loads weights from, checked against its model from their
+  headers (a folder whose fields already failed is left to that error)."""
+  folders = []
+  if cfg.init.hf_checkpoint:
+    folders.append(("init.hf_checkpoint", cfg.init.hf_checkpoint, models.CausalLM))
+  elif cfg.model.hf_checkpoint:
+    folders.append(("model.hf_checkpoint", cfg.model.hf_checkpoint, models.CausalLM))
+  if "critic" in cfg and cfg.critic.hf_checkpoint:
+    folders.append(("critic.hf_checkpoint", cfg.critic.hf_checkpoint, models.ValueModel))
+  out = []
+  for field, folder, model_cls in folders:
+    if not any(e.startswith(field) for e in errors):
+      out += hf_checks.folder_errors(field, folder, model_cls, model_cfg)
+  return out
+
+
 def _task(cfg, model_cfg, errors: list[str]) -> tasks.Task | None:
   bad = tasks.field_errors(cfg.task, cfg.model.hf_checkpoint)
   errors += bad
@@ -99,7 +119,10 @@ def _task(cfg, model_cfg, errors: list[str]) -> tasks.Task | None:
   try:
     task = tasks.make(cfg.task, HFTokenizer(cfg.model.hf_checkpoint) if text else None)
   except (ValueError, TypeError) as e:
-    errors.append(str(e))
+    msg = str(e)
+    if text and msg.startswith(("chat template", "this tokenizer")):  # the folder's, by name
+      msg = f"model.hf_checkpoint={cfg.model.hf_checkpoint!r}: its {msg}"
+    errors.append(msg)
     return None
   if model_cfg is not None and model_cfg.vocab_size < task.tokenizer.vocab_size:
     errors.append(f"model.vocab_size={model_cfg.vocab_size} is smaller than the task's "

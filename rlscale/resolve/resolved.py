@@ -110,8 +110,9 @@ def _recipe(cfg, config_file: str | None, env: experiment.Setup,
   folder = experiment.recipe_folder(cfg, sft_cfg)
   try:
     run = resolve(sft_cfg, None, setup=env)
-  except ConfigError as e:
-    errors += [f"{field}: {line.strip()}" for line in str(e).splitlines()[1:]
+  except ConfigError as e:  # "invalid config:" and its lines, or one line (a CheckpointError)
+    lines = str(e).splitlines()
+    errors += [f"{field}: {line.strip()}" for line in lines[lines[0] == "invalid config:":]
                if line.strip() not in errors]
     return None
   return dataclasses.replace(run, workdir=folder)
