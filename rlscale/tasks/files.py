@@ -5,7 +5,10 @@
 "####" (GSM8K), else the content of the last \\boxed{...} (MATH; nested braces kept), else the
 whole field; the field itself is kept as the worked solution for demonstrations. The held-out set
 is `task.eval_files`, or a seeded `task.eval_fraction` of the training rows (then never trained
-on). Prompts longer than `task.max_prompt_len` tokens are counted and skipped once, at load.
+on). Skipped once, at load, and counted in `data_report` (summary.json's "data"): prompts longer
+than `task.max_prompt_len` tokens, rows whose reference is empty (`#### ` with nothing after it,
+an empty \\boxed{}), and training rows whose prompt is also a held-out one (whitespace and case
+aside), so that the held-out accuracy never scores what was trained on.
 
 Why Hugging Face `datasets` and not grain: the Task contract is random access by a global index
 (`problem(i)`, rlscale/tasks/base.py), with the data position one integer in the checkpoint, and
@@ -196,6 +199,7 @@ class _Source:
   path: str
   data: Any  # a datasets.Dataset of the prompt and answer columns
   questions: list[str]  # read once at load, dropped after the prompts are measured
+  answers: list[str]  # likewise: the answer cells as text
 
 
 def _column(ds, path: str, field: str, which: str, as_text) -> list[str]:
@@ -221,8 +225,8 @@ def _load_source(path: str, field: str, fields: tuple[str, str], cache_dir: str)
   ds = ds.select_columns(list(dict.fromkeys(fields)))
   text = lambda v: v if isinstance(v, str) and v.strip() else None
   questions = _column(ds, path, fields[0], "prompt", text)
-  _column(ds, path, fields[1], "answer", _answer_value)  # every answer is usable
-  return _Source(path, ds, questions)
+  answers = _column(ds, path, fields[1], "answer", _answer_value)  # every answer is text
+  return _Source(path, ds, questions, answers)
 
 
 class _Files:
@@ -238,6 +242,11 @@ class _Files:
   def questions(self) -> list[str]:
     return [q for s in self.sources for q in s.questions]
 
+  def empty_references(self) -> np.ndarray:
+    """Whether each row's reference (what its answer cell grades against) is empty: `#### `
+    with nothing after it, an empty \\boxed{}."""
+    return np.asarray([not reference_answer(a) for s in self.sources for a in s.answers], bool)
+
   def problem(self, row: int, fields: tuple[str, str]) -> Problem:
     k = int(np.searchsorted(self.starts, row, side="right")) - 1
     source, local = self.sources[k], int(row - self.starts[k])
@@ -245,6 +254,11 @@ class _Files:
     solution = _answer_value(record[fields[1]])
     return Problem(record[fields[0]], reference_answer(solution),
                    meta={"solution": solution, "file": source.path, "row": local})
+
+
+def _normal(text: str) -> str:
+  """A prompt as the overlap check compares it: whitespace collapsed, case folded."""
+  return " ".join(text.split()).casefold()
 
 
 def _check_split(eval_files: str, fraction) -> None:
@@ -286,20 +300,40 @@ class FileTask(TextTask):
         raise ConfigError(f"task.eval_fraction={fraction} holds out all {len(train_rows)} rows "
                           f"of task.train_files; use a smaller fraction or task.eval_files")
       train_rows, draw = np.sort(draw[k:]), draw[:k]
-    self._train_rows = self._fitting(train_rows, train_len, "training")
-    fit = self._fitting(draw, held_len, "held-out")
-    self._eval = [held.problem(int(r), self.fields) for r in np.sort(fit[:self.num_eval])]
+    # Rows whose reference is empty would score every response 0: counted and skipped.
+    held_answered = draw[~held.empty_references()[draw]]
+    fit = self._fitting(held_answered, held_len, "held-out")
+    eval_rows = np.sort(fit[:self.num_eval])
+    self._eval = [held.problem(int(r), self.fields) for r in eval_rows]
+    answered = train_rows[~self._train.empty_references()[train_rows]]
+    # A training prompt that is also a held-out one (by its text, whitespace and case aside)
+    # would be scored on what it trained on: removed from training, and counted.
+    held_q = held.questions()
+    evaluated = {_normal(held_q[r]) for r in eval_rows}
+    train_q = self._train.questions()
+    unseen = answered[[_normal(train_q[r]) not in evaluated for r in answered]]
+    self._train_rows = self._fitting(unseen, train_len, "training")
     self._train_size = len(self._train_rows)
     self.data_report = {
         "max_prompt_len": self.max_prompt_len,
         "train": {"files": [s.path for s in self._train.sources], "rows": len(self._train),
                   "held_out": len(self._train) - len(train_rows),
-                  "too_long": len(train_rows) - self._train_size, "used": self._train_size},
+                  "empty_answer": len(train_rows) - len(answered),
+                  "also_held_out": len(answered) - len(unseen),
+                  "too_long": len(unseen) - self._train_size, "used": self._train_size},
         "eval": {"files": [s.path for s in held.sources], "rows": len(draw),
-                 "too_long": len(draw) - len(fit), "used": len(self._eval)}}
+                 "empty_answer": len(draw) - len(held_answered),
+                 "too_long": len(held_answered) - len(fit), "used": len(self._eval)}}
     for s in self._train.sources + held.sources:
-      s.questions = []  # measured: rows are read from the mapped tables from now
+      s.questions, s.answers = [], []  # measured: rows are read from the mapped tables from now
     logging.info("task files: %s", self.data_report)
+    skipped = [f"{split}.{what}={n}" for split in ("train", "eval")
+               for what, n in self.data_report[split].items()
+               if what in ("empty_answer", "also_held_out") and n]
+    if skipped:
+      logging.warning("task files: rows skipped (%s): an empty reference scores every response "
+                      "0; a training prompt that is also held out would be scored on what it "
+                      "trained on", ", ".join(skipped))
 
   def _load(self, spec: str, field: str) -> _Files:
     paths = resolve(spec, field)
@@ -314,6 +348,9 @@ class FileTask(TextTask):
 
   def _fitting(self, rows: np.ndarray, lengths: np.ndarray, split: str) -> np.ndarray:
     """The rows whose prompts fit max_prompt_len, in their order; an error when none does."""
+    if not len(rows):
+      raise ConfigError(f"task: no {split} row is left: every one has an empty reference "
+                        f"answer{' or is a held-out prompt' if split == 'training' else ''}")
     fit = rows[lengths[rows] <= self.max_prompt_len]
     if not len(fit):
       raise ConfigError(

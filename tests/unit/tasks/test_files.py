@@ -15,6 +15,7 @@ from rlscale import tasks
 from rlscale.config import defaults
 from rlscale.config import files as config_files
 from rlscale.config.errors import ConfigError
+from rlscale.checkpoints import safetensors_io
 from rlscale.checkpoints.tokenizer import HFTokenizer
 from rlscale.config.sections import task as task_config
 from rlscale.data import gsm8k_style
@@ -79,7 +80,8 @@ def test_jsonl_parquet_and_a_saved_folder_give_the_same_problems_offline(tmp_pat
           for f, name in ((_jsonl, "a.jsonl"), (_parquet, "a.parquet"), (_saved, "saved"))]
   first = made[0]
   assert first.data_report["train"] == {"files": [str(tmp_path / "a.jsonl")], "rows": 40,
-                                        "held_out": 10, "too_long": 0, "used": 30}
+                                        "held_out": 10, "empty_answer": 0, "also_held_out": 0,
+                                        "too_long": 0, "used": 30}
   for task in made[1:]:
     assert _seen(task.problems(0, 45)) == _seen(first.problems(0, 45))
     assert _seen(task.eval_problems()) == _seen(first.eval_problems())
@@ -152,12 +154,50 @@ def test_held_out_rows_never_reach_training(tmp_path, tokenizer):
   test = _jsonl(tmp_path / "test.jsonl", ROWS[:6])
   task = tasks.make(_cfg(path, eval_files=test), tokenizer)  # eval_files wins over the fraction
   assert [p.question for p in task.eval_problems()] == [r["problem"] for r in ROWS[:6]]
-  assert {p.question for p in task.problems(0, 40)} == set(REFS)
+  # The training files hold the held-out rows too: they are not trained on, and counted.
+  assert {p.question for p in task.problems(0, 40)} == set(REFS) - {r["problem"] for r in ROWS[:6]}
+  assert task.data_report["train"]["also_held_out"] == 6
+  assert task.data_report["train"]["used"] == 34
   assert task.data_report["eval"]["files"] == [test]
   with pytest.raises(ConfigError, match=r"task.eval_files is empty and task.eval_fraction=0"):
     tasks.make(_cfg(path, eval_fraction=0.0), tokenizer)
   with pytest.raises(ConfigError, match=r"task.eval_fraction=1.0 must be a number in \[0, 1\)"):
     tasks.make(_cfg(path, eval_fraction=1.0), tokenizer)
+
+
+def test_prompts_held_out_are_never_trained_on_even_as_duplicates(tmp_path, tokenizer):
+  """Duplicate rows on both sides of an eval_fraction split, and a copy in eval_files that
+  differs in case and spacing: the training copies are skipped and counted."""
+  rows = ROWS + [dict(r) for r in ROWS[:10]]  # ten rows twice
+  task = tasks.make(_cfg(_jsonl(tmp_path / "dup.jsonl", rows), eval_fraction=0.5), tokenizer)
+  held = {files._normal(p.question) for p in task.eval_problems()}
+  trained = {files._normal(p.question) for p in task.problems(0, 100)}
+  assert held and trained and not held & trained
+  report = task.data_report["train"]
+  assert report["also_held_out"] > 0
+  assert report["used"] == report["rows"] - report["held_out"] - report["also_held_out"]
+  test = _jsonl(tmp_path / "test.jsonl", [{"problem": "  tom HAS 3 apples and buys 6 more.  "
+                                           "How many now?", "solution": "#### 9"}])
+  task = tasks.make(_cfg(_jsonl(tmp_path / "a.jsonl", ROWS), eval_files=test), tokenizer)
+  assert task.data_report["train"]["also_held_out"] == 1
+  assert ROWS[3]["problem"] not in {p.question for p in task.problems(0, 39)}
+
+
+def test_references_whose_answer_is_empty_are_skipped_and_counted(tmp_path, tokenizer):
+  empty = [{"problem": "Nothing after the marks?", "solution": "Work. #### "},
+           {"problem": "An empty box?", "solution": "So $\\boxed{}$."},
+           {"problem": "A box of spaces?", "solution": "\\boxed{  }"}]
+  task = tasks.make(_cfg(_jsonl(tmp_path / "e.jsonl", ROWS + empty), eval_fraction=0.5),
+                    tokenizer)
+  report = task.data_report
+  assert report["train"]["empty_answer"] + report["eval"]["empty_answer"] == 3
+  served = task.problems(0, 60) + task.eval_problems()
+  assert all(p.answer for p in served)
+  assert not {p.question for p in served} & {r["problem"] for r in empty}
+  with pytest.raises(ConfigError, match="no training row is left: every one has an empty "
+                     "reference"):
+    tasks.make(_cfg(_jsonl(tmp_path / "all.jsonl", empty * 4),
+                    eval_files=_jsonl(tmp_path / "t.jsonl", ROWS[:4])), tokenizer)
 
 
 def test_overlong_prompts_are_skipped_and_counted_never_cut(tmp_path, tokenizer):
@@ -175,7 +215,8 @@ def test_overlong_prompts_are_skipped_and_counted_never_cut(tmp_path, tokenizer)
   assert len(task.eval_problems()) == 13 - report["eval"]["too_long"]
   served = task.problems(0, 50) + task.eval_problems()
   assert {p.question for p in served} <= {r["problem"] for r in ROWS[:20]}  # whole, never cut
-  with pytest.raises(ConfigError, match=r"task.max_prompt_len=20: none of the \d+ training"):
+  with pytest.raises(ConfigError,
+                     match=r"task.max_prompt_len=20: none of the \d+ (held-out|training)"):
     tasks.make(_cfg(_jsonl(tmp_path / "a.jsonl", rows), max_prompt_len=20), tokenizer)
 
 
@@ -263,7 +304,15 @@ def test_config_validation_checks_the_files_task(tmp_path):
                      r"vocabulary \(300\)"):
     validate(cfg)  # the fixture's model has fewer ids than this tokenizer
   hf_config = json.loads((folder / "config.json").read_text())
-  (folder / "config.json").write_text(json.dumps(dict(hf_config, vocab_size=320)))  # weights unread
+  (folder / "config.json").write_text(json.dumps(dict(hf_config, vocab_size=320)))
+  with pytest.raises(ConfigError, match=r"model.embed_tokens.weight is \[256, 64\], config.json "
+                     r"implies \[320, 64\]"):
+    validate(cfg)  # the weights' headers are read too: they hold 256 rows
+  weights = safetensors_io.SafetensorsFolder(str(folder))
+  tensors = {n: np.array(weights.get(n)) for n in weights.keys()}
+  embed = tensors["model.embed_tokens.weight"]
+  tensors["model.embed_tokens.weight"] = np.concatenate([embed, np.zeros((64, 64), embed.dtype)])
+  safetensors_io.write(str(folder / "model.safetensors"), tensors)
   validate(cfg)
 
 
