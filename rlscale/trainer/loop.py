@@ -245,6 +245,7 @@ class Loop:
       t = time.time()
       self.save(p.step)
       self.save_seconds = time.time() - t
+    preemption.step_finished()  # a signal now waits for the step in flight to be saved
 
   def save(self, step: int) -> None:
     """Checkpoint the state after `step`, only if every array of it is finite."""

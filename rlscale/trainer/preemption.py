@@ -7,11 +7,23 @@ scripts of rlscale/sweep/slurm.py, sent before the time limit). The handler only
 the loop checks it between steps, finishes the step in flight, saves a checkpoint of it and
 exits with EXIT_REQUEUE, so at most the step in flight is lost. A second signal stops at once
 (the run still completes the saves it began).
+
+The flag alone would not stop a process that never reaches a step boundary: one validating,
+compiling, or in a first step that does not end (Python runs a signal handler only between
+bytecodes, and XLA's compiler is one long call). A watchdog thread, woken by the signal itself
+(`signal.set_wakeup_fd`), stops such a process at once with EXIT_REQUEUE: before the first step
+of this process finished there is nothing new to save, and the last checkpoint is intact. Once
+steps run, it gives the step in flight GRACE_S seconds (RLSCALE_PREEMPT_GRACE_S) to reach its
+boundary and save, then stops without it.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
+import threading
+import time
 
 # The exit status of a run that stopped for preemption and wants to be started again with the
 # same command: EX_TEMPFAIL of sysexits.h ("temporary failure, the user is invited to retry").
@@ -19,6 +31,10 @@ import signal
 EXIT_REQUEUE = 75
 
 _requested: list[int] = []
+GRACE_S = float(os.environ.get("RLSCALE_PREEMPT_GRACE_S", "30"))
+_watching: list[bool] = []
+_armed = threading.Event()  # the watchdog acts on signals (install(watchdog=False) stops it)
+_steps_finished = threading.Event()  # a step of this process finished: a save is worth a wait
 
 
 class Preempted(Exception):
@@ -35,9 +51,60 @@ def _handler(signum, frame):
   _requested.append(signum)
 
 
-def install(signals=(signal.SIGTERM, signal.SIGUSR2)) -> None:
+def install(signals=(signal.SIGTERM, signal.SIGUSR2), watchdog: bool = True) -> None:
+  """The handlers (from the main thread), and the watchdog that stops a process whose main
+  thread cannot reach a step boundary soon."""
   for s in signals:
     signal.signal(s, _handler)
+  if not watchdog:
+    _armed.clear()
+    return
+  _armed.set()
+  if not _watching:  # one per process (an in-process command line runs again)
+    _watching.append(True)
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    threading.Thread(target=_watch, args=(read, {int(s) for s in signals}), daemon=True,
+                     name="preemption-watchdog").start()
+
+
+def _watch(fd: int, signals: set[int]) -> None:
+  seen = 0
+  while True:
+    for signum in os.read(fd, 64):
+      if signum not in signals or not _armed.is_set():
+        continue
+      seen += 1
+      if seen > 1:
+        _stop_now(f"signal {signum} again: stopping now")
+      if not _steps_finished.is_set():
+        _stop_now(f"signal {signum} before this process finished a step (setup, validation, "
+                  "compilation or the first step): nothing new to save; stopping now")
+      threading.Thread(target=_stop_after_grace, args=(signum,), daemon=True).start()
+
+
+def _stop_after_grace(signum: int) -> None:
+  time.sleep(GRACE_S)
+  _stop_now(f"signal {signum}: the step in flight did not reach its boundary within "
+            f"{GRACE_S:g} s (RLSCALE_PREEMPT_GRACE_S); stopping without saving it")
+
+
+def _stop_now(why: str) -> None:
+  """Exit with EXIT_REQUEUE from any thread, whatever the main thread is doing (os._exit: no
+  handler or atexit hook runs; the last saved checkpoint is intact and the run resumes from it)."""
+  try:
+    sys.stderr.flush()
+  except Exception:  # noqa: BLE001  (the stream may be closed; the line is written below)
+    pass
+  os.write(2, f"preempted: {why}; run the same command again to resume from the last "
+              f"checkpoint\n".encode())
+  os._exit(EXIT_REQUEUE)
+
+
+def step_finished() -> None:
+  """The loop finished a step: from now on a signal waits for the step in flight to be saved."""
+  _steps_finished.set()
 
 
 def requested() -> bool:
@@ -46,3 +113,4 @@ def requested() -> bool:
 
 def reset() -> None:
   _requested.clear()
+  _steps_finished.clear()

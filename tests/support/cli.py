@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import sys
 import traceback
 import types
@@ -23,6 +24,7 @@ def run_in_process(entry: Callable[[], object], argv: list[str], prog: str = "ma
   _forget_absl_flags()
   out, err = io.StringIO(), io.StringIO()
   saved_argv, saved_cwd = sys.argv, os.getcwd()
+  saved_signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR2)}
   code = 0
   try:
     sys.argv = [prog, *argv]
@@ -41,7 +43,18 @@ def run_in_process(entry: Callable[[], object], argv: list[str], prog: str = "ma
   finally:
     sys.argv = saved_argv
     os.chdir(saved_cwd)
+    _restore_signals(saved_signals)
   return types.SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+
+
+def _restore_signals(saved: dict) -> None:
+  """The command line installed its preemption handlers and watchdog (rlscale/run/main.py):
+  this process (a pytest worker) gets its own handlers back, the watchdog disarmed."""
+  from rlscale.trainer import preemption
+  preemption.install(watchdog=False)
+  preemption.reset()
+  for s, handler in saved.items():
+    signal.signal(s, handler)
 
 
 def _forget_absl_flags() -> None:

@@ -382,10 +382,47 @@ def test_preemption_signals(name):
   from rlscale.trainer import preemption
   old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR2)}
   try:
-    preemption.install()
+    preemption.install(watchdog=False)  # the watchdog would stop this process: below
     os.kill(os.getpid(), getattr(signal, name))
     assert preemption.requested()
   finally:
     preemption.reset()
     for s, h in old.items():
       signal.signal(s, h)
+
+
+_STUCK = """
+import sys, time
+from rlscale.trainer import preemption
+preemption.install()
+if sys.argv[1] == "steps":
+  preemption.step_finished()
+print("ready", flush=True)
+time.sleep(120)  # a main thread that never reaches a step boundary
+"""
+
+
+@pytest.mark.parametrize("phase", ["setup", "steps"])
+def test_a_signal_stops_a_process_that_never_reaches_a_step_boundary(phase):
+  """Before this process finished a step (validation, compilation, a first step that never
+  ends) a SIGTERM stops it at once; later, after the grace the step in flight has to be saved.
+  Both with EXIT_REQUEUE and one line naming why."""
+  import signal
+  import subprocess
+  import sys
+  import time
+
+  from rlscale.trainer.preemption import EXIT_REQUEUE
+  env = dict(os.environ, RLSCALE_PREEMPT_GRACE_S="1.5")
+  proc = subprocess.Popen([sys.executable, "-c", _STUCK, phase], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=env)
+  assert proc.stdout.readline().strip() == "ready"
+  t = time.time()
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=30)
+  waited = time.time() - t
+  assert proc.returncode == EXIT_REQUEUE, err
+  if phase == "setup":
+    assert "before this process finished a step" in err and waited < 1.5, (waited, err)
+  else:
+    assert "did not reach its boundary within 1.5 s" in err and waited >= 1.5, (waited, err)
