@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import numpy as np
 
@@ -52,13 +53,18 @@ def main(argv=None):
   paths = expand(args.runs, args.only)
   if not paths:
     ap.error(f"no runs in {args.runs}" + (f" match --only={args.only!r}" if args.only else ""))
-  runs = [st.load_run(p)[0] for p in paths]
-  runs = [r for r in runs if r is not None]
+  runs = []
+  for p in paths:
+    run, warnings = st.load_run(p)
+    for w in warnings:  # a run that cannot be read is named and left out, not fatal
+      print(f"warning: {w}" + ("; left out" if run is None else ""), file=sys.stderr)
+    if run is not None:
+      runs.append(run)
   if not runs:
     ap.error(f"no run with a config.json in {args.runs}")
-  ref = st.load_run(args.reference)[0] if args.reference else runs[0]
+  ref, why = st.load_run(args.reference) if args.reference else (runs[0], [])
   if ref is None:
-    ap.error(f"--reference={args.reference}: not a run directory (no config.json)")
+    ap.error(f"--reference={args.reference}: {'; '.join(why)}")
   metric = args.metric or ref.config.get("target", {}).get("metric", "eval/accuracy_greedy")
   target = ref.config.get("target", {}).get("value", 0.6) if args.target is None else args.target
   ref_rtt = st.responses_to_target(ref, metric, target)

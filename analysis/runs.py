@@ -69,15 +69,18 @@ def load(path: str) -> Run:
 
 
 def expand(paths: list[str], only: str | None = None) -> list[str]:
-  """Run directories: a sweep directory (with sweep.json) stands for its done points, in the
-  manifest's order; `only` keeps the runs whose directory name matches this regex."""
+  """Run directories: a sweep directory (with sweep.json) stands for its points whose run
+  directory holds summary.json (the run directory decides, not the status the manifest
+  recorded), in the manifest's order; `only` keeps the runs whose directory name matches this
+  regex."""
   out = []
   for path in paths:
     manifest = os.path.join(path, "sweep.json")
     if os.path.exists(manifest):
       with open(manifest) as f:
         points = json.load(f)["points"]
-      out += [os.path.join(path, p["name"]) for p in points if p["status"] == "done"]
+      out += [os.path.join(path, p["name"]) for p in points
+              if os.path.exists(os.path.join(path, p["name"], "summary.json"))]
     else:
       out.append(path)
   if only:

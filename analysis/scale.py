@@ -42,30 +42,58 @@ COLUMNS = ["chips", "layout", "sampler", "trainer", "generate", "train", "allred
            "gen_rows_per_chip", "critical_gen_batch", "train_rows_per_chip", "bend", "reason"]
 
 
+def _chip_counts(text: str) -> list[int]:
+  """--chips: positive whole numbers, comma-separated (argparse names the flag on an error)."""
+  out = []
+  for part in text.split(","):
+    try:
+      n = int(part)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"{part.strip()!r} in {text!r} is not a whole number of "
+                                       "chips") from None
+    if n < 1:
+      raise argparse.ArgumentTypeError(f"{n} in {text!r}: a chip count is at least 1")
+    out.append(n)
+  return sorted(set(out))
+
+
+def _at_least(low: float, kind):
+  def parse(text: str):
+    try:
+      v = kind(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+    if not v >= low:  # NaN too
+      raise argparse.ArgumentTypeError(f"{text!r} must be >= {low}")
+    return v
+  return parse
+
+
 def parse(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
                  help="a run directory; several of one config at different device counts fit "
                  "the shared host's per-device cost")
-  p.add_argument("--chips", default="1,8,64,512,1024", help="comma-separated chip counts")
+  p.add_argument("--chips", default="1,8,64,512,1024", type=_chip_counts,
+                 help="comma-separated chip counts")
   p.add_argument("--accelerator", default="h200", help="a row of rlscale/data/accelerators.json")
   p.add_argument("--run_accelerator", default="cpu", help="where RUN_DIR ran")
   p.add_argument("--layout", default="both", choices=["colocated", "split", "both"])
   p.add_argument("--overlap", action="store_true", help="split: generation overlaps training")
-  p.add_argument("--prompts", type=int, default=0, help="P (default: the run's)")
-  p.add_argument("--group", type=int, default=0, help="G (default: the run's)")
+  p.add_argument("--prompts", type=_at_least(0, int), default=0, help="P (default: the run's)")
+  p.add_argument("--group", type=_at_least(0, int), default=0, help="G (default: the run's)")
   p.add_argument("--model", default="", help="a named size (rlscale.models.NAMED) or a Hugging "
                  "Face folder or config.json to predict for (default: the run's model)")
   p.add_argument("--dtype", default="", help="the model's parameters and activations (default: "
                  "bfloat16 for --model, else the run's)")
-  p.add_argument("--max_new_tokens", type=int, default=0, help="decode steps per call (default: "
+  p.add_argument("--max_new_tokens", type=_at_least(0, int), default=0, help="decode steps per call (default: "
                  "the run's); responses run to it unless --response_len")
-  p.add_argument("--prompt_len", type=float, default=0, help="mean prompt tokens (default: the "
+  p.add_argument("--prompt_len", type=_at_least(0, float), default=0, help="mean prompt tokens (default: the "
                  "run's)")
-  p.add_argument("--response_len", type=float, default=0, help="mean response tokens (default: "
+  p.add_argument("--response_len", type=_at_least(0, float), default=0, help="mean response tokens (default: "
                  "--max_new_tokens if given, else the run's)")
-  p.add_argument("--bcrit", type=float, default=0.0, help="B_crit, responses per optimizer step")
-  p.add_argument("--smin", type=float, default=0.0, help="S_min, optimizer steps")
+  p.add_argument("--bcrit", type=_at_least(0, float), default=0.0, help="B_crit, responses per optimizer step")
+  p.add_argument("--smin", type=_at_least(0, float), default=0.0, help="S_min, optimizer steps")
   p.add_argument("--out", default="", help="folder for scale.csv/png/pdf (default: the first "
                  "RUN_DIR/scale)")
   return p.parse_args(argv)
@@ -243,8 +271,7 @@ def main(argv=None) -> int:
   print(f"steps to target at {w.responses} responses/step: "
         f"{'n/a' if steps is None else f'{steps:.4g}'} ({how})")
   layouts = ["colocated", "split"] if a.layout == "both" else [a.layout]
-  chips = sorted({int(c) for c in a.chips.split(",")})
-  df = table(run, w, tcal, tacc, chips, layouts, a.overlap, steps)
+  df = table(run, w, tcal, tacc, a.chips, layouts, a.overlap, steps)
   print(_fmt(df))
   out = a.out or os.path.join(run.path, "scale")
   os.makedirs(out, exist_ok=True)

@@ -80,9 +80,24 @@ def _sweep_points(d: str, stage: str) -> list[Point]:
     if not os.path.isdir(path) and p.get("run_dir"):
       path = p["run_dir"]
     err = [line for line in (p.get("error") or []) if str(line).strip()]
-    out.append(Point(p["name"], path, stage, p.get("status", "unknown"),
-                     str(err[-1]).strip() if err else ""))
+    status = _status(path, p.get("status", "unknown"))
+    if status == INCOMPLETE:
+      err = [f"{FILE_SAYS_DONE}, but {path} has no summary.json"]
+    out.append(Point(p["name"], path, stage, status, str(err[-1]).strip() if err else ""))
   return out
+
+
+INCOMPLETE = "incomplete"
+FILE_SAYS_DONE = "sweep.json says done"
+
+
+def _status(path: str, recorded: str) -> str:
+  """The run directory decides: done when it holds summary.json (whatever the manifest
+  recorded, e.g. a launcher killed before it wrote), incomplete when a manifest that says done
+  is stale or hand-edited, else what the manifest recorded."""
+  if os.path.exists(os.path.join(path, "summary.json")):
+    return "done"
+  return INCOMPLETE if recorded == "done" else recorded
 
 
 def find_points(dirs: list[str]) -> list[Point]:
@@ -99,7 +114,9 @@ def _walk(d: str, stage: str, depth: int) -> list[Point]:
   if os.path.exists(os.path.join(d, "sweep.json")):
     return _sweep_points(d, stage or os.path.basename(d))
   if os.path.exists(os.path.join(d, "config.json")):
-    return [Point(os.path.basename(d), d, stage, "done", "")]
+    done = os.path.exists(os.path.join(d, "summary.json"))
+    return [Point(os.path.basename(d), d, stage, "done" if done else INCOMPLETE,
+                  "" if done else f"{d} has no summary.json (still running, or stopped)")]
   if depth >= 2:
     return []
   out = []
@@ -143,7 +160,12 @@ def load_run(path: str) -> tuple[Run | None, list[str]]:
     except (json.JSONDecodeError, OSError) as e:
       warnings.append(f"{name} unreadable ({e.__class__.__name__})")
       return {}
-  config = defaults.fill_json(read("config.json"))  # fields added since: the run's values
+  if not os.path.isdir(path):
+    return None, [f"{path}: {'not a directory' if os.path.exists(path) else 'does not exist'}"]
+  config = read("config.json")
+  if not config:
+    return None, warnings + [f"{path}: no config.json (not a run directory)"]
+  config = defaults.fill_json(config)  # fields added since: the run's values
   rows, bad = [], 0
   p = os.path.join(path, "metrics.jsonl")
   if os.path.exists(p):
@@ -160,8 +182,6 @@ def load_run(path: str) -> tuple[Run | None, list[str]]:
           bad += 1
   if bad:
     warnings.append(f"metrics.jsonl: {bad} malformed line(s) skipped")
-  if not config:
-    return None, warnings
   return Run(path, config, rows, read("summary.json")), warnings
 
 

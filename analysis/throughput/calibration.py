@@ -173,9 +173,12 @@ def _read(path: str, name: str):
   if not os.path.exists(p):
     return {} if name.endswith(".json") else []
   with open(p) as f:
-    if name.endswith(".json"):
-      return json.load(f)
-    return [json.loads(line) for line in f if line.strip().startswith("{")]
+    try:
+      if name.endswith(".json"):
+        return json.load(f)
+      return [json.loads(line) for line in f if line.strip().startswith("{")]
+    except json.JSONDecodeError as e:  # a file cut short by a kill
+      raise ValueError(f"{p}: not valid JSON ({e})") from None
 
 
 def shape(cfg) -> dict[str, Any]:
@@ -255,10 +258,16 @@ def load_run(path: str, skip: int = SKIP_STEPS) -> Run:
   """A run directory's workload and median phase times (mesh.roles and mesh.sampler_devices
   read with defaults, so runs from before the split layout read as colocated)."""
   from rlscale.plan import batch
+  if not os.path.isdir(path):
+    raise ValueError(f"{path}: not a run directory (it does not exist)" if not
+                     os.path.exists(path) else f"{path}: not a run directory")
   config, summary = _read(path, "config.json"), _read(path, "summary.json")
   if not config:
-    raise ValueError(f"{path}: no config.json")
-  med = medians(_read(path, "metrics.jsonl"), skip)
+    raise ValueError(f"{path}: no config.json (not a run directory?)")
+  try:
+    med = medians(_read(path, "metrics.jsonl"), skip)
+  except (ValueError, KeyError, TypeError) as e:
+    raise ValueError(f"{path}: {e if isinstance(e, ValueError) else repr(e)}") from e
   plan = batch.plan(config)
   mesh, rollout = config.get("mesh", {}), config.get("rollout", {})
   layout = mesh.get("roles", "colocated")

@@ -22,6 +22,8 @@ import subprocess
 import time
 from typing import Any
 
+from absl import logging
+
 from rlscale.config.errors import ConfigError
 from rlscale.sweep.points import Point
 
@@ -199,6 +201,11 @@ def open_sweep(sweep_dir: str, sweep: str, config: str, launcher: str,
     e.run_dir = p.run_dir
     if run_done(p.run_dir):
       e.status = DONE
+    elif e.status == DONE:  # stale or hand-edited: the run directory says otherwise
+      logging.warning("point %s: %s says done, but %s has no summary.json: it runs again",
+                      p.name, m.path, p.run_dir)
+      e.status = PREEMPTED if os.path.isdir(p.run_dir) else PENDING  # resumes, or starts
+      e.error = [f"{FILE} said done without summary.json in {p.run_dir}"]
     m.points.append(e)
   return m
 

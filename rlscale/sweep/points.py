@@ -202,6 +202,6 @@ def base_key(config: str, point: Point) -> str | None:
   with cfg.unlocked():
     for path, value in point.fields.items():
       _set(cfg, path, value, path)
-  if cfg.kind == "sft":
-    return None
+  if cfg.kind == "sft" or cfg.init.hf_checkpoint or cfg.model.hf_checkpoint:
+    return None  # a checkpoint is its own base (rlscale/run/base_policy.py): nothing to build
   return base_policy.cache_folder(cfg, config)

@@ -48,11 +48,44 @@ def test_batch_is_responses_per_optimizer_step(tmp_path, capsys):
 
 
 def test_a_sweep_directory_stands_for_its_done_points(tmp_path):
+  """Done by the run directory (summary.json), not by the status the manifest recorded: a point
+  marked done without summary.json (stale, hand-edited) is not a run to compare, and one that
+  finished after its launcher was killed (still "running") is."""
   from analysis.runs import expand
   points = [{"name": "p=8,seed=0", "status": "done"}, {"name": "p=16,seed=0", "status": "failed"},
-            {"name": "p=32,seed=1", "status": "done"}]
+            {"name": "p=32,seed=1", "status": "done"}, {"name": "p=4,seed=0", "status": "done"},
+            {"name": "p=64,seed=0", "status": "running"}]
   with open(tmp_path / "sweep.json", "w") as f:
     json.dump({"points": points}, f)
+  for name in ("p=8,seed=0", "p=32,seed=1", "p=64,seed=0"):
+    os.makedirs(tmp_path / name)
+    (tmp_path / name / "summary.json").write_text("{}")
+  os.makedirs(tmp_path / "p=4,seed=0")  # says done; its run stopped before summary.json
   assert expand([str(tmp_path), "other/run"]) == [
-      str(tmp_path / "p=8,seed=0"), str(tmp_path / "p=32,seed=1"), "other/run"]
-  assert expand([str(tmp_path)], only="seed=0$") == [str(tmp_path / "p=8,seed=0")]
+      str(tmp_path / "p=8,seed=0"), str(tmp_path / "p=32,seed=1"),
+      str(tmp_path / "p=64,seed=0"), "other/run"]
+  assert expand([str(tmp_path)], only="seed=0$") == [str(tmp_path / "p=8,seed=0"),
+                                                     str(tmp_path / "p=64,seed=0")]
+
+
+def test_a_missing_or_unreadable_run_is_named_and_left_out(tmp_path, capsys):
+  """The comparison goes on with the runs it can read; each one left out is named."""
+  from analysis import compare_runs
+  from analysis.study_table import load_run
+  run, why = load_run(str(tmp_path / "gone"))
+  assert run is None and why == [f"{tmp_path / 'gone'}: does not exist"]
+  os.makedirs(tmp_path / "empty")
+  run, why = load_run(str(tmp_path / "empty"))
+  assert run is None and "no config.json" in why[0]
+  with pytest.raises(SystemExit) as e:
+    compare_runs.main([str(tmp_path / "gone"), str(tmp_path / "empty")])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and "gone: does not exist; left out" in err
+  good = _run(tmp_path, "p16", 16, 1, rtt=3000)
+  compare_runs.main([str(tmp_path / "gone"), good])
+  out = capsys.readouterr()
+  assert "gone: does not exist; left out" in out.err
+  assert json.loads(out.out.splitlines()[0])["run"] == "p16"
+  with pytest.raises(SystemExit):
+    compare_runs.main([good, "--reference", str(tmp_path / "gone")])
+  assert "--reference=" in capsys.readouterr().err

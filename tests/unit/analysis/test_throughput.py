@@ -379,6 +379,29 @@ def test_scale_cli_refuses_a_mistake_in_one_line(tmp_path):
   assert bad.returncode == 2 and bad.stderr.startswith("error: unknown accelerator 'b200'")
 
 
+@pytest.mark.parametrize("args, expect", [
+    (["--chips", "0"], "argument --chips: 0 in '0': a chip count is at least 1"),
+    (["--chips", "8,abc,-4"], "argument --chips: 'abc' in '8,abc,-4' is not a whole number"),
+    (["--prompts", "-2"], "argument --prompts: '-2' must be >= 0"),
+    (["--bcrit", "nan"], "argument --bcrit: 'nan' must be >= 0"),
+])
+def test_scale_cli_names_the_flag_of_a_bad_value_before_reading_runs(args, expect, tmp_path,
+                                                                   capsys):
+  with pytest.raises(SystemExit) as e:
+    scale_cli().main([str(tmp_path / "not_read"), *args])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 2 and expect in err[-1], err
+
+
+def test_scale_cli_names_a_run_directory_it_cannot_use(tmp_path):
+  with pytest.raises(ValueError, match="missing: not a run directory \\(it does not exist\\)"):
+    tc.load_run(str(tmp_path / "missing"))
+  run = synthetic_run(str(tmp_path / "run"))
+  os.remove(os.path.join(run, "metrics.jsonl"))
+  with pytest.raises(ValueError, match="run: metrics.jsonl has no RL steps"):
+    tc.load_run(run)
+
+
 def test_published_table_is_predicted():
   from analysis.throughput.published import published
   rows = published()

@@ -113,6 +113,31 @@ def _steps(tmp_path, name):
   return [s[0] for s in starts(tmp_path, name)]
 
 
+def test_a_manifest_that_says_done_without_a_summary_is_not_believed(tmp_path):
+  """Hand-edited or stale: the run directory decides. A point with a run directory (maybe a
+  checkpoint) resumes; one without starts."""
+  pts = points.points(FAKE_CONFIG, "three", str(tmp_path))
+  m = mf.open_sweep(str(tmp_path), "three", FAKE_CONFIG, "local", pts)
+  for e in m.points:
+    e.status = mf.DONE
+  m.save()
+  os.makedirs(pts[1].run_dir)
+  m = mf.open_sweep(str(tmp_path), "three", FAKE_CONFIG, "local", pts)
+  assert [e.status for e in m.points] == ["pending", "preempted", "pending"]
+  assert "said done without summary.json" in m.points[0].error[0]
+  assert m.counts()["done"] == 0
+
+
+def test_points_from_a_checkpoint_need_no_base(tmp_path):
+  """init.hf_checkpoint or model.hf_checkpoint: the checkpoint is the base; none is built."""
+  from rlscale.sweep.points import Point, base_key
+  config = os.path.join(REPO, "configs", "grpo.py:tiny")
+  assert base_key(config, Point("a", {}, {}, str(tmp_path / "a"))) is not None
+  for field in ("init.hf_checkpoint", "model.hf_checkpoint"):
+    point = Point("a", {field: str(tmp_path)}, {field: str(tmp_path)}, str(tmp_path / "a"))
+    assert base_key(config, point) is None
+
+
 @pytest.mark.slow  # heavy for the default run (README); .ci/run runs it
 def test_a_failed_point_never_stops_the_sweep_and_is_retried(tmp_path):
   out = _sweep(tmp_path, "one_fails", "--parallel=2")
