@@ -187,6 +187,8 @@ def _read(path: str, field: str, cache_dir: str):
       else:
         ds = datasets.Dataset.from_parquet(path, cache_dir=cache_dir)
     except Exception as e:  # malformed files raise anything from pyarrow or json
+      if kind == "json" and _blank(path):
+        raise ConfigError(f"{field}: {path!r} holds no rows (only blank lines)") from None
       raise ConfigError(f"{field}: {path!r} cannot be read as {kind} "
                         f"({type(e).__name__}: {str(e)[:300]})") from None
   if not isinstance(ds, datasets.Dataset):
@@ -202,9 +204,23 @@ class _Source:
   answers: list[str]  # likewise: the answer cells as text
 
 
+def _blank(path: str) -> bool:
+  with open(path, "rb") as f:
+    return not any(line.strip() for line in f)
+
+
 def _column(ds, path: str, field: str, which: str, as_text) -> list[str]:
   """Every cell of a column as text, read once; an error naming the first row that has none."""
-  values = list(ds[field])
+  try:
+    values = list(ds[field])
+  except UnicodeDecodeError:  # a row's bytes are not UTF-8: find it to name it
+    for i in range(len(ds)):
+      try:
+        ds[i]
+      except UnicodeDecodeError as e:
+        raise ConfigError(f"task.{which}_field={field!r}: {path!r} row {i} is not valid UTF-8 "
+                          f"({e.reason} at byte {e.start} of a cell); fix or drop it") from None
+    raise
   out = [as_text(v) for v in values]
   bad = [i for i, v in enumerate(out) if v is None]
   if bad:

@@ -271,6 +271,18 @@ def test_clear_errors_for_paths_fields_and_rows(tmp_path, tokenizer):
   assert msg.startswith("task.answer_field='solution': ") and "row 5 holds None" in msg
   (tmp_path / "broken.jsonl").write_text('{"problem": "a", "solution": "1"}\n{"problem": \n')
   assert "cannot be read as json" in _error(_cfg(str(tmp_path / "broken.jsonl")), tokenizer)
+  (tmp_path / "blank.jsonl").write_text("\n\n  \n")
+  assert "blank.jsonl' holds no rows (only blank lines)" in _error(
+      _cfg(str(tmp_path / "blank.jsonl")), tokenizer)
+  rows = "".join(json.dumps(r) + "\n\n" for r in ROWS[:6])  # blank lines between rows: fine
+  (tmp_path / "gaps.jsonl").write_text(rows)
+  gaps = tasks.make(_cfg(str(tmp_path / "gaps.jsonl")), tokenizer)
+  assert gaps.data_report["train"]["rows"] == 6
+  raw = rows.encode().replace(b"apples", b"appl\xffes", 1)  # row 0: not UTF-8
+  (tmp_path / "latin.jsonl").write_bytes(raw)
+  msg = _error(_cfg(str(tmp_path / "latin.jsonl")), tokenizer)
+  assert msg.startswith("task.prompt_field='problem': ")
+  assert "latin.jsonl' row 0 is not valid UTF-8" in msg
   (tmp_path / "empty.jsonl").write_text("")
   assert "empty.jsonl' is empty" in _error(_cfg(str(tmp_path / "empty.jsonl")), tokenizer)
   import datasets
