@@ -50,6 +50,9 @@ CPU_MEMORY_BYTES = 12 << 30
 # Of the device's memory, the share a training pass may plan for: headroom for fragmentation,
 # XLA's runtime and what the estimate leaves out.
 MEMORY_FRACTION = 0.9
+# Bytes per token of a step's rollout held on the devices while it trains: the tokens and
+# their mask, the sampled and recomputed log-probabilities, a reference's or a critic's value.
+ROLLOUT_BYTES_PER_TOKEN = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,9 +307,54 @@ def _plan(cfg, shards, processes, seq_len, kv_bytes_per_row, gen_shards, memory)
   steps = _steps(errors, cfg["train"], rows)
   from rlscale.models import memory as train_memory  # train.remat, train.logprob_chunk
   errors += train_memory.check(cfg["train"])
+  if memory is not None and not errors:
+    errors += _fit_errors(kind, memory, models, rows, shards, seq_len, gen,
+                          (gen_shards or shards) * processes, kv_bytes_per_row)
   if errors:
     raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
   return BatchPlan(p, g, gen, steps, models, shards, processes, memory)
+
+
+def _gib(n: float) -> str:
+  return f"{n / 2**30:.3g} GiB"
+
+
+def _fit_errors(kind: str, memory: "TrainMemory", models, rows: int, shards: int,
+                seq_len: int, gen: int, gen_unit: int, kv_bytes_per_row: int) -> list[str]:
+  """What cannot fit a device whatever the micro-batch: the models' state, one row's training
+  pass, one decode call's KV cache, the step's rollout. One error each, with the numbers."""
+  free = memory.budget  # the device's share less the models' state
+  device = f"of {_gib(free + memory.resident)} a device: {memory.source}"
+  if free <= 0:
+    return [f"the model's state (parameters, gradients, optimizer moments of each trained copy) "
+            f"takes "
+            f"{_gib(memory.resident)} per device, more than its share ({device}): shard it "
+            f"over more devices (mesh.shape's fsdp and tensor axes) or choose a smaller model"]
+  errors = []
+  for name in models:
+    row = memory.bytes_per_token.get(name, 0) * seq_len
+    if row > free:
+      errors.append(f"one row of {seq_len} tokens needs {_gib(row)} of activations in the "
+                    f"{name}'s training pass, more than the {_gib(free)} left per device after "
+                    f"the state ({device}): shorten rollout.max_new_tokens or "
+                    f"task.max_prompt_len, or set train.remat and train.logprob_chunk")
+  field = "sft.batch_size" if kind == "sft" else "rl.num_prompts x rl.group_size"
+  rollout = -(-rows // shards) * seq_len * ROLLOUT_BYTES_PER_TOKEN
+  if rollout > free:
+    errors.append(f"{field} = {rows} rows of {seq_len} tokens per step hold {_gib(rollout)} per "
+                  f"device while the step trains (~{ROLLOUT_BYTES_PER_TOKEN} bytes a token over "
+                  f"{shards} batch shards), more than the {_gib(free)} left after the state "
+                  f"({device}): fewer prompts or responses per step, or more devices")
+  if gen and kv_bytes_per_row:
+    kv = -(-gen // gen_unit) * kv_bytes_per_row
+    if kv > free:
+      what = ("one row" if gen <= gen_unit else
+              f"rollout.generation_batch={gen} ({-(-gen // gen_unit)} rows per device)")
+      errors.append(f"the KV cache of {what} of {seq_len} tokens takes {_gib(kv)} per device, "
+                    f"more than the {_gib(free)} left after the state ({device}): "
+                    + ("shorten rollout.max_new_tokens" if gen <= gen_unit else
+                       "lower rollout.generation_batch or set it to 'auto'"))
+  return errors
 
 
 def _generation_batch(errors, value, rows: int, unit: int, kv_bytes_per_row: int) -> int:

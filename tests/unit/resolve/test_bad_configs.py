@@ -181,6 +181,17 @@ BAD = [
     row("grpo.py", "init.sft_config", "configs/grpo.py", "the base policy needs kind='sft'"),
     row("grpo.py", "init.sft_config", "configs/sft.py:lr=0", "optim.lr=0.0 must be a positive"),
     row("grpo.py", "init.cache_dir", FILE, "is a file; give a directory"),
+    # sizes that cannot fit a device, refused by the plan with the numbers (in ~0.1 s)
+    row("grpo.py", "rl.num_prompts", 10**9, "rl.num_prompts x rl.group_size = 8000000000 rows"),
+    row("grpo.py", "rl.group_size", 10**8, "GiB per device while the step trains",
+        name="rl.group_size"),
+    row("grpo.py", "rollout.max_new_tokens", 10**8, "of activations in the actor's training pass"),
+    row("ppo.py", "rollout.max_new_tokens", 10**7, "of activations in the critic's training pass"),
+    row("grpo.py", "model.num_layers", 10**5, "the model's state (parameters, gradients",
+        name="model"),
+    row("grpo.py", "rollout.generation_batch", 4096, "the KV cache of rollout.generation_batch",
+        also={"rollout.max_new_tokens": 30000, "task.max_prompt_len": 2000,
+              "train.logprob_chunk": 64, "train.remat": "full"}),
     # sft
     row("sft.py", "sft.batch_size", 0, "sft.batch_size=0 must be a positive integer"),
     row("sft.py", "sft.microbatch", 48, "sft.microbatch=48 does not divide the mini-batch"),
