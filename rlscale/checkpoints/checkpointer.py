@@ -12,7 +12,12 @@ never counts it.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import glob
 import os
+import re
+import shutil
 import time
 from typing import Any
 
@@ -21,6 +26,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from rlscale.checkpoints import checks
+from rlscale.config.errors import ConfigError
 
 CHECKSUMS = "_checksums"  # the meta key of the arrays' checksums; refused in a caller's meta
 
@@ -28,6 +34,32 @@ CHECKSUMS = "_checksums"  # the meta key of the arrays' checksums; refused in a 
 class CheckpointMismatch(ValueError):
   """A step that holds other arrays or shapes than the restore asks for: a changed model or
   config, not damage (the step is left where it is)."""
+
+
+class StorageError(ConfigError):
+  """A save that the disk refused (full, over quota, read-only, not writable): one line naming
+  the directory, the bytes needed and free, and the last intact checkpoint."""
+
+
+# What a refused write says, as an OSError's errno or in the text tensorstore wraps it in.
+_STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
+_STORAGE_TEXT = re.compile(r"No space left on device|Disk quota exceeded|Read-only file system|"
+                           r"Permission denied")
+
+
+def storage_problem(e: BaseException) -> str | None:
+  """The storage failure behind `e` (its causes and contexts included), in words; None if
+  it is not one."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno in _STORAGE_ERRNOS:
+      return e.strerror or os.strerror(e.errno)
+    m = _STORAGE_TEXT.search(str(e))
+    if m:
+      return m.group(0)
+    e = e.__cause__ or e.__context__
+  return None
 
 
 class CheckpointDamaged(Exception):
@@ -44,6 +76,7 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=async_save)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
+    self._in_flight: tuple[int, int] | None = None  # (step, bytes) of the save being written
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -58,8 +91,35 @@ class Checkpointer:
     if CHECKSUMS in meta:
       raise ValueError(f"meta key {CHECKSUMS!r} is reserved for the checkpoint's checksums")
     meta = {**meta, CHECKSUMS: checks.checksums(state)}
-    self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                     meta=ocp.args.JsonSave(meta)), force=True)
+    with self._storage_guard():  # the previous save, finishing, may fail here
+      self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                       meta=ocp.args.JsonSave(meta)), force=True)
+    self._in_flight = (step, sum(x.nbytes for x in jax.tree.leaves(state)))
+
+  @contextlib.contextmanager
+  def _storage_guard(self):
+    """A save the disk refused becomes a StorageError naming it; its partial files are
+    removed (the last intact checkpoint is untouched)."""
+    try:
+      yield
+    except Exception as e:  # noqa: BLE001  (orbax and tensorstore wrap the OSError in anything)
+      problem = storage_problem(e)
+      if problem is None or self._in_flight is None:
+        raise
+      step, nbytes = self._in_flight
+      self._in_flight = None
+      if jax.process_index() == 0:
+        for partial in glob.glob(os.path.join(self.directory, f"{step}.orbax-checkpoint-tmp*")):
+          shutil.rmtree(partial, ignore_errors=True)
+      free = shutil.disk_usage(self.directory).free if os.path.isdir(self.directory) else 0
+      self._manager.reload()
+      last = self._manager.latest_step()
+      raise StorageError(
+          f"{self.directory}: {problem} while saving the checkpoint of step {step} (it needs "
+          f"~{nbytes / 2**20:.3g} MiB; {free / 2**20:.3g} MiB are free there); "
+          + (f"the last checkpoint, step {last}, is intact" if last is not None else
+             "no checkpoint was saved before") + ": make room and run the same command again"
+      ) from None
 
   def restore(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
     """State with the shapes, dtypes and shardings of `like`, and the saved meta.
@@ -151,8 +211,12 @@ class Checkpointer:
     return dest
 
   def wait(self) -> None:
-    self._manager.wait_until_finished()
+    with self._storage_guard():
+      self._manager.wait_until_finished()
+    self._in_flight = None
 
   def close(self) -> None:
-    self._manager.wait_until_finished()
-    self._manager.close()
+    try:
+      self.wait()
+    finally:
+      self._manager.close()

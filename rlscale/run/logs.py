@@ -3,18 +3,48 @@
 from __future__ import annotations
 
 import logging as py_logging
+import re
+import sys
 
 from absl import logging
 
 _QUIET = ("/orbax/", "/jax/_src/xla_bridge.py", "/tensorstore/")
 
 
+# A save the disk refuses: orbax logs the failure of each of its threads with its traceback
+# (hundreds of lines of tensorstore specs); the failure reaches the checkpointer, which names
+# it in one line (rlscale/checkpoints/checkpointer.py: StorageError).
+_STORAGE = re.compile(r"No space left on device|Disk quota exceeded|Read-only file system|"
+                      r"Permission denied|RESOURCE_EXHAUSTED")
+
+
 class _LibraryFilter(py_logging.Filter):
   def filter(self, record: py_logging.LogRecord) -> bool:
+    if (("/orbax/" in record.pathname or record.name == "asyncio")
+        and record.levelno >= py_logging.ERROR):
+      text = str(record.msg) + (str(record.exc_info[1]) if record.exc_info else "")
+      if _STORAGE.search(text) or "thread" in str(record.msg) and record.exc_info:
+        return False  # a failed save: reported by the checkpointer, once
     return record.levelno >= py_logging.WARNING or not any(q in record.pathname for q in _QUIET)
+
+
+def _late_callback(value) -> bool:
+  return isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+
+
+def _quiet_unraisable(hook):
+  """tensorstore completes a failed save's futures after orbax closed their event loop; each
+  reports a traceback ("Event loop is closed") as unraisable. Those alone are dropped."""
+  def unraisablehook(unraisable):
+    if not _late_callback(unraisable.exc_value):
+      hook(unraisable)
+  unraisablehook.quiet = True
+  return unraisablehook
 
 
 def quiet_libraries() -> None:
   handler = logging.get_absl_handler()
   if not any(isinstance(f, _LibraryFilter) for f in handler.filters):
     handler.addFilter(_LibraryFilter())
+  if not getattr(sys.unraisablehook, "quiet", False):
+    sys.unraisablehook = _quiet_unraisable(sys.unraisablehook)

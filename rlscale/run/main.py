@@ -12,6 +12,7 @@ to resume.
 """
 
 import difflib
+import errno
 import re
 import sys
 
@@ -130,3 +131,10 @@ def run() -> None:
   except preemption.Preempted as e:  # the step in flight is saved: start the same command again
     print(e, file=sys.stderr)
     sys.exit(preemption.EXIT_REQUEUE)
+  except OSError as e:  # a write refused (a full disk, a read-only or foreign directory)
+    if verbose or e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+      raise
+    print(f"error: {e.filename or 'a write'}: {e.strerror}; the last checkpoint is intact: make "
+          f"room (or make the directory writable) and run the same command again",
+          file=sys.stderr)
+    sys.exit(2)

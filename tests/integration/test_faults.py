@@ -122,3 +122,45 @@ def test_a_damaged_checkpoint_is_skipped_for_the_previous_one(damage, straight, 
   assert "step 4" in err and "damaged" in err.lower(), err[-3000:]
   _same(want, _rows(tmp_path / "run"))
   _checkpoints_are_finite(tmp_path / "run")
+
+
+def _bytes_under(folder):
+  return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(folder)
+             for n in names)
+
+
+@pytest.mark.slow(seconds=25)
+def test_a_full_disk_is_one_line_and_the_last_checkpoint_stays(straight, tmp_path, tiny_sft_base):
+  """The run directory on a tmpfs with room for one checkpoint and a half: the save of step 4
+  fails as one error line naming the directory, the bytes needed and free, and step 2, which
+  stays intact; with room made, the same command resumes from it to the uninterrupted metrics.
+  The disk made read-only, a new run there is refused before it starts."""
+  root, want = straight
+  disk = tmp_path / "disk"
+  disk.mkdir()
+  size = int(1.5 * _bytes_under(root / "straight" / "checkpoints" / "2")) + (64 << 10)
+  mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)],
+                         capture_output=True, text=True)
+  if mount.returncode:
+    pytest.skip(f"mounting a tmpfs needs root: {mount.stderr.strip()}")
+  try:
+    code, err = _run("none", disk / "run", tiny_sft_base)
+    assert code == 2, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, err[-3000:]
+    assert (f"{disk / 'run' / 'checkpoints'}: No space left on device while saving the "
+            f"checkpoint of step 4 (it needs ~") in errors[0], errors[0]
+    assert "the last checkpoint, step 2, is intact" in errors[0], errors[0]
+    assert sorted(os.listdir(disk / "run" / "checkpoints")) == ["2"]  # the partial one removed
+    subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+    code, err = _run("none", disk / "run", tiny_sft_base)
+    assert code == 0, err[-3000:]
+    assert "resumed from the checkpoint of step 2" in err
+    _same(want, _rows(disk / "run"))
+    subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)  # read-only now
+    code, err = _run("none", disk / "other", tiny_sft_base)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and f"{disk}' is not writable" in errors[0], err[-3000:]
+  finally:
+    subprocess.run(["umount", "-l", str(disk)], capture_output=True)
