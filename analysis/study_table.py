@@ -377,6 +377,18 @@ def _most_common(values, default=None):
   return s.mode().iloc[0] if len(s) else default
 
 
+def _one_task(records: dict[str, Run]) -> None:
+  """A report compares batches on one task: runs of several (by task.name) are refused, since
+  their curves, targets and responses to target do not compare."""
+  tasks: dict[str, list[str]] = {}
+  for name, run in records.items():
+    tasks.setdefault(str(run.config.get("task", {}).get("name")), []).append(name)
+  if len(tasks) > 1:
+    held = "; ".join(f"{t}: {len(n)} run(s), e.g. {n[0]}" for t, n in sorted(tasks.items()))
+    raise StudyError(f"the runs are of {len(tasks)} tasks ({held}): a report compares batches "
+                     "on one task; report each task's runs apart")
+
+
 def read_study(dirs: list[str], opts: Options, stream=sys.stderr) -> Study:
   points = find_points(dirs)
   if not points:
@@ -400,6 +412,7 @@ def read_study(dirs: list[str], opts: Options, stream=sys.stderr) -> Study:
   if "kind" not in runs:
     raise StudyError(f"no readable run in {' '.join(dirs)} ({len(points)} points, none with "
                      "a config.json)")
+  _one_task(records)
   metric, target, note = _target(opts, record, records)
   study = Study(runs, records, opts, metric, target, note, [], warnings, record)
   _add_config_columns(study)

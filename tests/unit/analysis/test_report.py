@@ -137,6 +137,26 @@ def test_a_real_tiny_sweep_says_the_target_was_not_reached(tmp_path):
   assert md.count("| pending | pending |") == 10  # the points --only left out: listed
 
 
+def test_runs_of_two_tasks_are_refused_in_one_line(tmp_path, capsys):
+  """Their curves and targets do not compare: the report was drawn anyway, its target taken
+  from one run and its metric from the other."""
+  import json
+  from rlscale.config import files as config_files
+  for name, config in (("a", "grpo.py:tiny"), ("b", "grpo_chain_sum.py:tiny")):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(
+        config_files.load(os.path.join(REPO, "configs", config)).to_json_best_effort())
+    (d / "summary.json").write_text("{}")
+    rows = [{"step": s, "responses_seen": 16 * s, "eval/accuracy_greedy": 0.1 * s,
+             "eval/accuracy_sampled": 0.1 * s} for s in range(3)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  assert report.main([str(tmp_path), "--reps", "50"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  assert "error: the runs are of 2 tasks (arithmetic: 1 run(s)" in err, err
+  assert "chain_sum: 1 run(s)" in err and "report each task's runs apart" in err
+
+
 def test_a_directory_without_runs_is_a_one_line_error(tmp_path):
   r = subprocess.run([sys.executable, os.path.join(REPO, "analysis", "report.py"),
                       str(tmp_path)], capture_output=True, text=True)
