@@ -113,6 +113,12 @@ def check_overrides(argv: list[str]) -> None:
       node = node[name]
 
 
+# A run directory the system refuses (a full disk, a quota, a read-only or pseudo filesystem
+# such as /proc, a path through a file): one line, not a traceback.
+_REFUSED_WRITES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
+                   errno.ENOENT, errno.ENOTDIR)
+
+
 def run() -> None:
   """The console script `rlscale`."""
   verbose = command_line.verbose(sys.argv)
@@ -132,9 +138,10 @@ def run() -> None:
     print(e, file=sys.stderr)
     sys.exit(preemption.EXIT_REQUEUE)
   except OSError as e:  # a write refused (a full disk, a read-only or foreign directory)
-    if verbose or e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+    if verbose or e.errno not in _REFUSED_WRITES:
       raise
     print(f"error: {e.filename or 'a write'}: {e.strerror}; the last checkpoint is intact: make "
-          f"room (or make the directory writable) and run the same command again",
+          f"room or give a directory this user can write, and run the command again",
           file=sys.stderr)
     sys.exit(2)
+

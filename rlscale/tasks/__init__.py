@@ -30,7 +30,14 @@ def field_errors(cfg: Mapping[str, Any], hf_checkpoint: str = "") -> list[str]:
     if name == "files":  # the paths and fields
       from rlscale.tasks import files
       errors += files.check(cfg)
-  elif name == "arithmetic":
+  else:  # an embedded task sizes its prompts and answers itself: a length set here is unread
+    from rlscale.config.sections import task as section
+    unread = [f"task.{f}={cfg[f]!r}" for f in ("max_prompt_len", "max_answer_len")
+              if f in cfg and cfg[f] != section(name)[f]]
+    if unread:
+      errors.append(f"{', '.join(unread)}: the {name} task sizes its prompts and answers itself "
+                    f"(from its digits and terms) and does not read it; leave it unset")
+  if name == "arithmetic":
     integer(errors, "task.digits", cfg["digits"])
     integer(errors, "task.mul_digits", cfg["mul_digits"])
     boolean(errors, "task.partial_credit", cfg["partial_credit"])

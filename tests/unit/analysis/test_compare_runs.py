@@ -89,3 +89,10 @@ def test_a_missing_or_unreadable_run_is_named_and_left_out(tmp_path, capsys):
   with pytest.raises(SystemExit):
     compare_runs.main([good, "--reference", str(tmp_path / "gone")])
   assert "--reference=" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--band=-1", "--rtt_tolerance=nan", "--band=wide"])
+def test_a_bad_tolerance_is_refused_naming_its_flag(flag, capsys):
+  with pytest.raises(SystemExit) as e:
+    compare_runs.main(["any_run", flag])
+  assert e.value.code == 2 and f"argument {flag.split('=')[0]}:" in capsys.readouterr().err

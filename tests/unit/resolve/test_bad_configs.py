@@ -190,8 +190,10 @@ BAD = [
     row("grpo.py", "model.num_layers", 10**5, "the model's state (parameters, gradients",
         name="model"),
     row("grpo.py", "rollout.generation_batch", 4096, "the KV cache of rollout.generation_batch",
-        also={"rollout.max_new_tokens": 30000, "task.max_prompt_len": 2000,
-              "train.logprob_chunk": 64, "train.remat": "full"}),
+        also={"rollout.max_new_tokens": 30000, "train.logprob_chunk": 64,
+              "train.remat": "full"}),
+    row("grpo.py", "task.max_prompt_len", 1, "the arithmetic task sizes its prompts and answers "
+        "itself"),
     # sft
     row("sft.py", "sft.batch_size", 0, "sft.batch_size=0 must be a positive integer"),
     row("sft.py", "sft.microbatch", 48, "sft.microbatch=48 does not divide the mini-batch"),
@@ -319,6 +321,14 @@ def test_command_line_config_errors_before_the_run_directory(tmp_path):
              f"--workdir={tmp_path}/run")
   _one_line_error(out, "train.keep_checkpoints=0 must be a positive integer")
   assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_run_directory_the_system_refuses_is_one_line(tmp_path):
+  """/proc passes the writable check (for root) and refuses the directory: one line."""
+  out = _cli("--config=configs/grpo.py:tiny", f"--config.init.cache_dir={tmp_path}/cache",
+             "--workdir=/proc/rlscale-test")
+  _one_line_error(out, "/proc/rlscale-test: No such file or directory")
+  assert not os.path.exists(tmp_path / "cache")  # refused before the base policy
 
 
 def test_verbose_shows_the_traceback():
