@@ -264,6 +264,9 @@ def load_run(path: str, skip: int = SKIP_STEPS) -> Run:
   config, summary = _read(path, "config.json"), _read(path, "summary.json")
   if not config:
     raise ValueError(f"{path}: no config.json (not a run directory?)")
+  if not summary:
+    raise ValueError(f"{path}: no summary.json: the run has not finished (or stopped early), so "
+                     "its devices and its steady step times are not known; give a finished run")
   try:
     med = medians(_read(path, "metrics.jsonl"), skip)
   except (ValueError, KeyError, TypeError) as e:

@@ -400,6 +400,9 @@ def test_scale_cli_names_a_run_directory_it_cannot_use(tmp_path):
   os.remove(os.path.join(run, "metrics.jsonl"))
   with pytest.raises(ValueError, match="run: metrics.jsonl has no RL steps"):
     tc.load_run(run)
+  os.remove(os.path.join(run, "summary.json"))
+  with pytest.raises(ValueError, match="run: no summary.json: the run has not finished"):
+    tc.load_run(run)
 
 
 def test_published_table_is_predicted():
