@@ -166,6 +166,7 @@ class Loop:
 
   def run(self) -> tuple[dict[str, Any], dict[str, float]]:
     """Run to the last step; returns (counters, last evaluation)."""
+    preemption.loop_started()
     start = self.restore()
     # Only once the checkpoint restored into this config's arrays: a resume that fails (a
     # model of another shape allowed by --allow_config_change) leaves config.json and the

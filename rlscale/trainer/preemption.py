@@ -102,6 +102,12 @@ def _stop_now(why: str) -> None:
   os._exit(EXIT_REQUEUE)
 
 
+def loop_started() -> None:
+  """A loop starts (the base policy's, then the run's): until it finishes a step, a signal
+  stops the process at once."""
+  _steps_finished.clear()
+
+
 def step_finished() -> None:
   """The loop finished a step: from now on a signal waits for the step in flight to be saved."""
   _steps_finished.set()
