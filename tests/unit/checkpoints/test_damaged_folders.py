@@ -223,3 +223,5 @@ def test_the_command_line_prints_one_line_and_exits_2(good, tmp_path):
   errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and "wrong shape" in errors[0], out.stderr[-2000:]
   assert "Traceback" not in out.stderr
+  out = run_in_process(main.run, args + ["--verbose"])  # the traceback, for a bug report
+  assert out.returncode != 0 and "Traceback" in out.stderr and "wrong shape" in out.stderr
