@@ -70,9 +70,16 @@ def main(argv=None) -> None:
   from rlscale import tasks
   from rlscale.config import files as config_files
   from rlscale.parallel import sharding
-  from rlscale.checkpoints import hf
-  cfg = config_files.load(args.config)
-  task = tasks.make(cfg.task)
+  from rlscale.checkpoints import hf, hf_checks
+  try:  # every input checked before a policy loads: one line naming what is wrong
+    cfg = config_files.load(args.config)
+    task = tasks.make(cfg.task)
+  except (FileNotFoundError, ValueError, TypeError) as e:
+    ap.error(f"--config={args.config}: {e}")
+  bad = [problem for folder in args.policies
+         for problem in hf_checks.folder_errors("policy", folder)]
+  if bad:
+    ap.error("; ".join(bad))
   budget = cfg.rollout.max_new_tokens if "rollout" in cfg else task.max_answer_len
   mesh = sharding.make_mesh(tuple(cfg.mesh.shape))
   rules = sharding.rules_from_config(cfg.mesh.rules)
