@@ -65,6 +65,8 @@ def install(signals=(signal.SIGTERM, signal.SIGUSR2), watchdog: bool = True) -> 
     read, write = os.pipe()
     os.set_blocking(write, False)
     signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    # A forked child (the watchdog thread is not copied) must not wake this process's.
+    os.register_at_fork(after_in_child=lambda: signal.set_wakeup_fd(-1))
     threading.Thread(target=_watch, args=(read, {int(s) for s in signals}), daemon=True,
                      name="preemption-watchdog").start()
 

@@ -426,3 +426,28 @@ def test_a_signal_stops_a_process_that_never_reaches_a_step_boundary(phase):
     assert "before this process finished a step" in err and waited < 1.5, (waited, err)
   else:
     assert "did not reach its boundary within 1.5 s" in err and waited >= 1.5, (waited, err)
+
+
+_FORKS = """
+import os, signal, sys, time
+from rlscale.trainer import preemption
+preemption.install()
+preemption.step_finished()
+pid = os.fork()
+if pid == 0:  # a forked child's signal is its own: the parent's watchdog must not wake
+  os.kill(os.getpid(), signal.SIGTERM)
+  time.sleep(0.3)
+  os._exit(0)
+os.waitpid(pid, 0)
+time.sleep(1.5)  # past the parent's grace
+print("parent alive", flush=True)
+"""
+
+
+def test_a_forked_childs_signal_does_not_stop_the_parent():
+  import subprocess
+  import sys
+  env = dict(os.environ, RLSCALE_PREEMPT_GRACE_S="0.5")
+  out = subprocess.run([sys.executable, "-c", _FORKS], capture_output=True, text=True, env=env,
+                       timeout=60)
+  assert out.returncode == 0 and out.stdout.strip() == "parent alive", out.stderr
