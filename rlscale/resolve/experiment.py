@@ -97,16 +97,16 @@ def _weight_errors(cfg, model_cfg: models.ModelConfig, errors: list[str]) -> lis
   """The checkpoint folders an RL run loads weights from, checked against its model from their
   headers (a folder whose fields already failed is left to that error)."""
   folders = []
-  if cfg.init.hf_checkpoint:
-    folders.append(("init.hf_checkpoint", cfg.init.hf_checkpoint, models.CausalLM))
+  if cfg.init.hf_checkpoint:  # the policy: the model the run planned for
+    folders.append(("init.hf_checkpoint", cfg.init.hf_checkpoint, models.CausalLM, model_cfg))
   elif cfg.model.hf_checkpoint:
-    folders.append(("model.hf_checkpoint", cfg.model.hf_checkpoint, models.CausalLM))
-  if "critic" in cfg and cfg.critic.hf_checkpoint:
-    folders.append(("critic.hf_checkpoint", cfg.critic.hf_checkpoint, models.ValueModel))
+    folders.append(("model.hf_checkpoint", cfg.model.hf_checkpoint, models.CausalLM, model_cfg))
+  if "critic" in cfg and cfg.critic.hf_checkpoint:  # a critic loads its own folder's shape
+    folders.append(("critic.hf_checkpoint", cfg.critic.hf_checkpoint, models.ValueModel, None))
   out = []
-  for field, folder, model_cls in folders:
+  for field, folder, model_cls, model in folders:
     if not any(e.startswith(field) for e in errors):
-      out += hf_checks.folder_errors(field, folder, model_cls, model_cfg)
+      out += hf_checks.folder_errors(field, folder, model_cls, model)
   return out
 
 
