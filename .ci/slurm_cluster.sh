@@ -59,6 +59,11 @@ CONF
     echo "slurm cluster: did not come up; see /var/log/slurm" >&2; exit 1;;
   stop)
     pkill -x slurmd || true; pkill -x slurmctld || true; pkill -x munged || true
+    for _ in $(seq 40); do  # they exit within a second or two
+      pgrep -x slurmd >/dev/null || pgrep -x slurmctld >/dev/null ||
+        pgrep -x munged >/dev/null || break
+      sleep 0.25
+    done
     rm -rf "$STATE";;
   *) echo "usage: $0 start|stop" >&2; exit 2;;
 esac
