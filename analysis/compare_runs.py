@@ -25,6 +25,7 @@ import sys
 import numpy as np
 
 from analysis import fits
+from analysis.arguments import at_least
 from analysis import study_table as st
 from analysis.runs import expand
 
@@ -39,16 +40,6 @@ def shortfall(run, ref, metric: str) -> float | None:
   return None if np.isnan(gap) else gap
 
 
-def _fraction(text: str) -> float:
-  try:
-    v = float(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-  if not v >= 0:  # NaN too
-    raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-  return v
-
-
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   ap.add_argument("runs", nargs="+", help="run directories, or sweep directories (sweep.json)")
@@ -56,9 +47,9 @@ def main(argv=None):
   ap.add_argument("--reference", help="the run the others are compared with (default: first)")
   ap.add_argument("--metric", default=None, help="curve metric (default: the runs' target)")
   ap.add_argument("--target", type=float, default=None, help="default: the reference's target")
-  ap.add_argument("--band", type=_fraction, default=0.05,
+  ap.add_argument("--band", type=at_least(0), default=0.05,
                   help="how far below the reference's curve an invariant run may fall")
-  ap.add_argument("--rtt_tolerance", type=_fraction, default=0.2,
+  ap.add_argument("--rtt_tolerance", type=at_least(0), default=0.2,
                   help="how many more responses to target than the reference's, as a fraction")
   ap.add_argument("--plot", help="write the curves to this PNG (needs matplotlib)")
   args = ap.parse_args(argv)

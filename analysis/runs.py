@@ -10,6 +10,7 @@ from typing import Any
 
 from rlscale.config import defaults
 from rlscale.metrics.rows import read_rows
+from rlscale.sweep.manifest import run_done
 
 
 @dataclasses.dataclass
@@ -80,7 +81,7 @@ def expand(paths: list[str], only: str | None = None) -> list[str]:
       with open(manifest) as f:
         points = json.load(f)["points"]
       out += [os.path.join(path, p["name"]) for p in points
-              if os.path.exists(os.path.join(path, p["name"], "summary.json"))]
+              if run_done(os.path.join(path, p["name"]))]
     else:
       out.append(path)
   if only:

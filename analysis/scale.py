@@ -29,6 +29,7 @@ import os
 import sys
 import textwrap
 
+from analysis.arguments import at_least
 from analysis import figures  # (Agg backend, deterministic PDFs)
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -57,18 +58,6 @@ def _chip_counts(text: str) -> list[int]:
   return sorted(set(out))
 
 
-def _at_least(low: float, kind):
-  def parse(text: str):
-    try:
-      v = kind(text)
-    except ValueError:
-      raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-    if not v >= low:  # NaN too
-      raise argparse.ArgumentTypeError(f"{text!r} must be >= {low}")
-    return v
-  return parse
-
-
 def parse(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
@@ -80,26 +69,26 @@ def parse(argv=None) -> argparse.Namespace:
   p.add_argument("--run_accelerator", default="cpu", help="where RUN_DIR ran")
   p.add_argument("--layout", default="both", choices=["colocated", "split", "both"])
   p.add_argument("--overlap", action="store_true", help="split: generation overlaps training")
-  p.add_argument("--prompts", type=_at_least(0, int), default=0,
+  p.add_argument("--prompts", type=at_least(0, int), default=0,
                  help="P (default: the run's)")
-  p.add_argument("--group", type=_at_least(0, int), default=0,
+  p.add_argument("--group", type=at_least(0, int), default=0,
                  help="G (default: the run's)")
   p.add_argument("--model", default="", help="a named size (rlscale.models.NAMED) or a Hugging "
                  "Face folder or config.json to predict for (default: the run's model)")
   p.add_argument("--dtype", default="", help="the model's parameters and activations (default: "
                  "bfloat16 for --model, else the run's)")
-  p.add_argument("--max_new_tokens", type=_at_least(0, int), default=0,
+  p.add_argument("--max_new_tokens", type=at_least(0, int), default=0,
                  help="decode steps per call (default: "
                  "the run's); responses run to it unless --response_len")
-  p.add_argument("--prompt_len", type=_at_least(0, float), default=0,
+  p.add_argument("--prompt_len", type=at_least(0, float), default=0,
                  help="mean prompt tokens (default: the "
                  "run's)")
-  p.add_argument("--response_len", type=_at_least(0, float), default=0,
+  p.add_argument("--response_len", type=at_least(0, float), default=0,
                  help="mean response tokens (default: "
                  "--max_new_tokens if given, else the run's)")
-  p.add_argument("--bcrit", type=_at_least(0, float), default=0.0,
+  p.add_argument("--bcrit", type=at_least(0, float), default=0.0,
                  help="B_crit, responses per optimizer step")
-  p.add_argument("--smin", type=_at_least(0, float), default=0.0,
+  p.add_argument("--smin", type=at_least(0, float), default=0.0,
                  help="S_min, optimizer steps")
   p.add_argument("--out", default="", help="folder for scale.csv/png/pdf (default: the first "
                  "RUN_DIR/scale)")

@@ -38,6 +38,7 @@ import pandas as pd
 
 from analysis.runs import Run
 from analysis import stats
+from rlscale.sweep.manifest import run_done
 from rlscale.config import defaults
 from rlscale.metrics import crossing
 from rlscale.rl import optim
@@ -95,7 +96,7 @@ def _status(path: str, recorded: str) -> str:
   """The run directory decides: done when it holds summary.json (whatever the manifest
   recorded, e.g. a launcher killed before it wrote), incomplete when a manifest that says done
   is stale or hand-edited, else what the manifest recorded."""
-  if os.path.exists(os.path.join(path, "summary.json")):
+  if run_done(path):
     return "done"
   return INCOMPLETE if recorded == "done" else recorded
 
@@ -114,7 +115,7 @@ def _walk(d: str, stage: str, depth: int) -> list[Point]:
   if os.path.exists(os.path.join(d, "sweep.json")):
     return _sweep_points(d, stage or os.path.basename(d))
   if os.path.exists(os.path.join(d, "config.json")):
-    done = os.path.exists(os.path.join(d, "summary.json"))
+    done = run_done(d)
     return [Point(os.path.basename(d), d, stage, "done" if done else INCOMPLETE,
                   "" if done else f"{d} has no summary.json (still running, or stopped)")]
   if depth >= 2:

@@ -13,10 +13,8 @@ never counts it.
 from __future__ import annotations
 
 import contextlib
-import errno
 import glob
 import os
-import re
 import shutil
 import time
 from typing import Any
@@ -25,7 +23,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
-from rlscale.checkpoints import checks
+from rlscale.checkpoints import checks, storage
 from rlscale.config.errors import ConfigError
 
 CHECKSUMS = "_checksums"  # the meta key of the arrays' checksums; refused in a caller's meta
@@ -39,27 +37,6 @@ class CheckpointMismatch(ValueError):
 class StorageError(ConfigError):
   """A save that the disk refused (full, over quota, read-only, not writable): one line naming
   the directory, the bytes needed and free, and the last intact checkpoint."""
-
-
-# What a refused write says, as an OSError's errno or in the text tensorstore wraps it in.
-_STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
-_STORAGE_TEXT = re.compile(r"No space left on device|Disk quota exceeded|Read-only file system|"
-                           r"Permission denied")
-
-
-def storage_problem(e: BaseException) -> str | None:
-  """The storage failure behind `e` (its causes and contexts included), in words; None if
-  it is not one."""
-  seen = set()
-  while e is not None and id(e) not in seen:
-    seen.add(id(e))
-    if isinstance(e, OSError) and e.errno in _STORAGE_ERRNOS:
-      return e.strerror or os.strerror(e.errno)
-    m = _STORAGE_TEXT.search(str(e))
-    if m:
-      return m.group(0)
-    e = e.__cause__ or e.__context__
-  return None
 
 
 class CheckpointDamaged(Exception):
@@ -103,7 +80,7 @@ class Checkpointer:
     try:
       yield
     except Exception as e:  # noqa: BLE001  (orbax and tensorstore wrap the OSError in anything)
-      problem = storage_problem(e)
+      problem = storage.problem(e)
       if problem is None or self._in_flight is None:
         raise
       step, nbytes = self._in_flight

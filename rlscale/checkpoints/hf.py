@@ -145,8 +145,8 @@ def config_from_hf(hf: dict[str, Any], generation: dict[str, Any] | None = None,
     raise CheckpointError(f"config.json ({family}) lacks the field {e.args[0]!r}") from None
   except (TypeError, ValueError) as e:
     raise CheckpointError(f"config.json ({family}) has a field of the wrong type ({e})") from None
-  if generation is not None:
-    fields["generation_config"] = json.dumps(generation, sort_keys=True)
+  fields["generation_config"] = None if generation is None else json.dumps(generation,
+                                                                          sort_keys=True)
   fields.update({k: v for k, v in overrides.items() if v is not None})
   return ModelConfig(**fields)
 
@@ -167,8 +167,7 @@ def _fields(hf: dict[str, Any], family: str, rope: dict, scaling, max_position) 
       # The ids as config.json has them: transformers generates with these (not its class
       # defaults) when there is no generation_config.json.
       bos_id=hf.get("bos_token_id"), pad_id=hf.get("pad_token_id"),
-      eos_ids=() if eos is None else (eos,) if isinstance(eos, int) else tuple(eos),
-      generation_config=None)
+      eos_ids=() if eos is None else (eos,) if isinstance(eos, int) else tuple(eos))
 
 
 def _eos_to_hf(eos_ids: tuple[int, ...]) -> int | list[int] | None:

@@ -327,9 +327,8 @@ def _fit_errors(kind: str, memory: "TrainMemory", models, rows: int, shards: int
   device = f"of {_gib(free + memory.resident)} a device: {memory.source}"
   if free <= 0:
     return [f"the model's state (parameters, gradients, optimizer moments of each trained copy) "
-            f"takes "
-            f"{_gib(memory.resident)} per device, more than its share ({device}): shard it "
-            f"over more devices (mesh.shape's fsdp and tensor axes) or choose a smaller model"]
+            f"takes {_gib(memory.resident)} per device, more than its share ({device}): shard "
+            f"it over more devices (mesh.shape's fsdp and tensor axes) or choose a smaller model"]
   errors = []
   for name in models:
     row = memory.bytes_per_token.get(name, 0) * seq_len

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging as py_logging
-import re
 import sys
 
 from absl import logging
+
+from rlscale.checkpoints import storage
 
 _QUIET = ("/orbax/", "/jax/_src/xla_bridge.py", "/tensorstore/")
 
@@ -14,8 +15,6 @@ _QUIET = ("/orbax/", "/jax/_src/xla_bridge.py", "/tensorstore/")
 # A save the disk refuses: orbax logs the failure of each of its threads with its traceback
 # (hundreds of lines of tensorstore specs); the failure reaches the checkpointer, which names
 # it in one line (rlscale/checkpoints/checkpointer.py: StorageError).
-_STORAGE = re.compile(r"No space left on device|Disk quota exceeded|Read-only file system|"
-                      r"Permission denied|RESOURCE_EXHAUSTED")
 
 
 class _LibraryFilter(py_logging.Filter):
@@ -23,7 +22,7 @@ class _LibraryFilter(py_logging.Filter):
     if (("/orbax/" in record.pathname or record.name == "asyncio")
         and record.levelno >= py_logging.ERROR):
       text = str(record.msg) + (str(record.exc_info[1]) if record.exc_info else "")
-      if _STORAGE.search(text) or "thread" in str(record.msg) and record.exc_info:
+      if storage.TEXT.search(text) or "thread" in str(record.msg) and record.exc_info:
         return False  # a failed save: reported by the checkpointer, once
     return record.levelno >= py_logging.WARNING or not any(q in record.pathname for q in _QUIET)
 

@@ -113,10 +113,9 @@ def check_overrides(argv: list[str]) -> None:
       node = node[name]
 
 
-# A run directory the system refuses (a full disk, a quota, a read-only or pseudo filesystem
-# such as /proc, a path through a file): one line, not a traceback.
-_REFUSED_WRITES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
-                   errno.ENOENT, errno.ENOTDIR)
+# Beside what the storage refuses (checkpoints/storage.ERRNOS): a run directory in a pseudo
+# filesystem such as /proc, or under a file. One line, not a traceback.
+_NOT_A_DIRECTORY = (errno.EPERM, errno.ENOENT, errno.ENOTDIR)
 
 
 def run() -> None:
@@ -138,7 +137,8 @@ def run() -> None:
     print(e, file=sys.stderr)
     sys.exit(preemption.EXIT_REQUEUE)
   except OSError as e:  # a write refused (a full disk, a read-only or foreign directory)
-    if verbose or e.errno not in _REFUSED_WRITES:
+    from rlscale.checkpoints import storage  # numpy comes with the package: only here
+    if verbose or e.errno not in storage.ERRNOS + _NOT_A_DIRECTORY:
       raise
     print(f"error: {e.filename or 'a write'}: {e.strerror}; the last checkpoint is intact: make "
           f"room or give a directory this user can write, and run the command again",
