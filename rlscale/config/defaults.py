@@ -17,7 +17,8 @@ _OPTIMIZERS = ("optim", "critic.optim")
 
 DEFAULTS = {
     "mesh.roles": "colocated", "mesh.sampler_devices": 0, "mesh.sampler_shape": (-1, 1, 1),
-    "rollout.overlap": False,
+    "rollout.overlap": False, "rollout.dynamic_sampling": False, "rollout.filter_min_std": 0.0,
+    "rollout.max_rounds": 4, "rollout.oversample": "auto", "optim.lr_batch": "nominal",
     "train.remat": "none", "train.logprob_chunk": 0, "train.total_responses": 0,
     "train.eval_every_responses": 0,
     "optim.lr_scaling": "none", "optim.adam_scaling": False, "optim.schedule": "constant",

@@ -174,6 +174,14 @@ def _rollout(errors: list[str], cfg) -> None:
     errors.append("rollout.overlap=True with rl.old_logprobs='recompute': the recomputed "
                   "log-probs are the trainer's, not the policy that sampled (one update "
                   "older); use rl.old_logprobs='sampler'")
+  if "dynamic_sampling" not in ro:
+    return
+  boolean(errors, "rollout.dynamic_sampling", ro.dynamic_sampling)
+  number(errors, "rollout.filter_min_std", ro.filter_min_std, ">= 0", lambda v: v >= 0)
+  integer(errors, "rollout.max_rounds", ro.max_rounds, minimum=1)
+  if ro.oversample != "auto":
+    number(errors, "rollout.oversample", ro.oversample, "'auto' or a number >= 1",
+           lambda v: v >= 1)
 
 
 def _target(errors: list[str], cfg) -> None:

@@ -130,6 +130,9 @@ def optim(lr: float) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.lr = lr  # peak learning rate at the reference batch
   c.lr_scaling = "none"  # none | linear | sqrt: how lr follows the batch (rlscale/rl/optim.py)
+  # the batch lr_scaling follows: nominal (responses per optimizer step) | effective (its
+  # informative responses, step by step: rollout/effective_batch)
+  c.lr_batch = "nominal"
   c.reference_batch = placeholder(int)  # responses per optimizer step at which lr was tuned
   c.adam_scaling = False  # also scale Adam's betas and eps with the batch (DESIGN.md)
   c.schedule = "constant"  # constant | cosine | linear (decay after warmup, to the run's end)
@@ -201,6 +204,16 @@ def rollout(max_new_tokens: int) -> ml_collections.ConfigDict:
   # Generate step N+1's responses while step N trains (one step off-policy, as in verl,
   # AReaL, PipelineRL); the lag is recorded and the ratio uses the sampler's log-probs.
   c.overlap = False
+  # Dynamic sampling (verl's filter_groups): drop groups whose rewards are all equal (zero
+  # group-relative advantage) and refill the step from more prompts until it holds P groups
+  # that carry signal (rlscale/trainer/refill.py). responses_seen counts every response
+  # generated, responses_trained those trained on.
+  c.dynamic_sampling = False
+  c.filter_min_std = 0.0  # also drop groups whose reward std (ddof=1) is at most this
+  c.max_rounds = 4  # rounds of decode calls per step at most; then it trains on what it has
+  # prompts a round sends per informative group it needs: 'auto' = 1 / (1 - the filtered
+  # fraction seen so far, at most 4x), or a number >= 1
+  c.oversample = FieldReference("auto", field_type=object)
   return c
 
 

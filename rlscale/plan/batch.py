@@ -301,6 +301,10 @@ def _plan(cfg, shards, processes, seq_len, kv_bytes_per_row, gen_shards, memory)
                                 noise, memory)
     gen = _generation_batch(errors, cfg["rollout"]["generation_batch"], rows,
                             (gen_shards or shards) * processes, kv_bytes_per_row)
+    if cfg["rollout"]["dynamic_sampling"] is True and gen and g and gen % (g * processes):
+      errors.append(f"rollout.dynamic_sampling=True decodes whole groups per call: "
+                    f"rollout.generation_batch={gen} must be a multiple of rl.group_size x "
+                    f"processes ({g} x {processes})")
   if p and p % processes:
     errors.append(f"{'sft.batch_size' if kind == 'sft' else 'rl.num_prompts'}={p} must split "
                   f"over {processes} processes")
@@ -309,7 +313,8 @@ def _plan(cfg, shards, processes, seq_len, kv_bytes_per_row, gen_shards, memory)
   errors += train_memory.check(cfg["train"])
   if memory is not None and not errors:
     errors += _fit_errors(kind, memory, models, rows, shards, seq_len, gen,
-                          (gen_shards or shards) * processes, kv_bytes_per_row)
+                          (gen_shards or shards) * processes, kv_bytes_per_row,
+                          kind != "sft" and cfg["rollout"]["dynamic_sampling"] is True)
   if errors:
     raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
   return BatchPlan(p, g, gen, steps, models, shards, processes, memory)
@@ -320,7 +325,8 @@ def _gib(n: float) -> str:
 
 
 def _fit_errors(kind: str, memory: "TrainMemory", models, rows: int, shards: int,
-                seq_len: int, gen: int, gen_unit: int, kv_bytes_per_row: int) -> list[str]:
+                seq_len: int, gen: int, gen_unit: int, kv_bytes_per_row: int,
+                refill: bool = False) -> list[str]:
   """What cannot fit a device whatever the micro-batch: the models' state, one row's training
   pass, one decode call's KV cache, the step's rollout. One error each, with the numbers."""
   free = memory.budget  # the device's share less the models' state
@@ -338,9 +344,12 @@ def _fit_errors(kind: str, memory: "TrainMemory", models, rows: int, shards: int
                     f"the state ({device}): shorten rollout.max_new_tokens or "
                     f"task.max_prompt_len, or set train.remat and train.logprob_chunk")
   field = "sft.batch_size" if kind == "sft" else "rl.num_prompts x rl.group_size"
-  rollout = -(-rows // shards) * seq_len * ROLLOUT_BYTES_PER_TOKEN
+  held = rows + (2 * (gen or rows) if refill else 0)  # dynamic sampling: two calls besides
+  rollout = -(-held // shards) * seq_len * ROLLOUT_BYTES_PER_TOKEN
   if rollout > free:
-    errors.append(f"{field} = {rows} rows of {seq_len} tokens per step hold {_gib(rollout)} per "
+    errors.append(f"{field} = {rows} rows of {seq_len} tokens per step"
+                  + (f" (and two decode calls of dynamic sampling, {held - rows} rows)"
+                     if held > rows else "") + f" hold {_gib(rollout)} per "
                   f"device while the step trains (~{ROLLOUT_BYTES_PER_TOKEN} bytes a token over "
                   f"{shards} batch shards), more than the {_gib(free)} left after the state "
                   f"({device}): fewer prompts or responses per step, or more devices")

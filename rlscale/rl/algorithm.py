@@ -12,6 +12,7 @@ runs. An algorithm is one file that registers a class under the name a config's 
       models: dict[str, Trained]                 # "actor" is the policy being sampled
       def prepare(self, batch, sample_logp, scores) -> (phase seconds, metrics)
       def update(self, batch, key, step, by_group) -> (phase seconds, {model: device metrics})
+      group_relative: bool                       # advantages relative to the group (optional)
       def extra_forwards(self) -> int            # forward passes over the batch besides updates
 
 `scores` are the verifier's rewards of the step's responses, already on the mesh (sharded
@@ -62,7 +63,16 @@ def check(cfg: ml_collections.ConfigDict) -> list[str]:
   register_all()
   if cfg.kind not in ALGORITHMS:
     return [f"kind={cfg.kind!r}; known: sft, {', '.join(sorted(ALGORITHMS))}"]
-  return ALGORITHMS[cfg.kind].check(cfg)
+  errors = ALGORITHMS[cfg.kind].check(cfg)
+  ro = cfg.rollout
+  if ro.dynamic_sampling is True and not getattr(ALGORITHMS[cfg.kind], "group_relative", False):
+    errors.append(f"rollout.dynamic_sampling=True with kind={cfg.kind!r}: filtering groups of "
+                  f"equal rewards has meaning only for a group-relative advantage (kind='grpo': "
+                  f"grpo, dr_grpo, rloo); {cfg.kind} learns from every response through its critic")
+  elif ro.dynamic_sampling is True and isinstance(cfg.rl.group_size, int) and cfg.rl.group_size < 2:
+    errors.append(f"rollout.dynamic_sampling=True with rl.group_size={cfg.rl.group_size}: a group "
+                  f"of one response always has equal rewards; use groups of 2 or more")
+  return errors
 
 
 def build(ctx: Context) -> Algorithm:
@@ -88,7 +98,8 @@ def trained_model(ctx: Context, name: str, forward, loss, params, optim_cfg, pro
                  group_size=ctx.plan.group_size, total_responses=ctx.plan.total_responses,
                  aggregation=cfg.rl.loss_aggregation, max_len=cfg.rollout.max_new_tokens,
                  mesh=ctx.env.mesh, rules=ctx.env.rules, noise_cfg=cfg.noise, prox_com=prox_com,
-                 ptx_coef=coef, demos=demonstrations(ctx) if coef else None)
+                 ptx_coef=coef, demos=demonstrations(ctx) if coef else None,
+                 count_rows=bool(cfg.rollout.dynamic_sampling))
 
 
 def demonstrations(ctx: Context):

@@ -17,6 +17,7 @@ from rlscale.rl.update import policy_forward, response_fn
 
 @algorithm.ALGORITHMS.register("grpo")
 class GRPO:
+  group_relative = True  # a group of equal rewards has zero advantage (dynamic sampling)
 
   @staticmethod
   def check(cfg) -> list[str]:

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import optax
 
 RULES = ("none", "linear", "sqrt")
+LR_BATCHES = ("nominal", "effective")  # optim.lr_batch: the batch the rule follows
 SCHEDULES = ("constant", "cosine", "linear")
 STATE_DTYPES = ("", "float32")  # optim.state_dtype: '' keeps the parameters' dtype
 
@@ -63,6 +64,8 @@ def check(cfg: Mapping[str, Any], prefix: str = "optim") -> list[str]:
     errors.append(f"{prefix}.schedule={cfg['schedule']!r}; known: {', '.join(SCHEDULES)}")
   if cfg["lr_scaling"] not in RULES:
     errors.append(f"{prefix}.lr_scaling={cfg['lr_scaling']!r}; known: {', '.join(RULES)}")
+  if cfg["lr_batch"] not in LR_BATCHES:
+    errors.append(f"{prefix}.lr_batch={cfg['lr_batch']!r}; known: {', '.join(LR_BATCHES)}")
   ref = cfg["reference_batch"]
   if ref is not None and (isinstance(ref, bool) or not isinstance(ref, (int, float)) or ref <= 0):
     errors.append(f"{prefix}.reference_batch={ref!r} must be a positive number of responses "

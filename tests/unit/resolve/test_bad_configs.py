@@ -122,6 +122,20 @@ BAD = [
     row("ppo.py", "rollout.decode_chunk", 0, "rollout.decode_chunk=0 must be >= 1"),
     row("grpo.py", "rollout.generation_batch", 12, "rollout.generation_batch=12 must split over"),
     row("grpo.py", "rollout.generation_batch", 0, "rollout.generation_batch=0 must be a positive"),
+    # dynamic sampling
+    row("ppo.py", "rollout.dynamic_sampling", True, "rollout.dynamic_sampling=True with kind='ppo': "
+        "filtering groups of equal rewards has meaning only for a group-relative advantage"),
+    row("grpo.py", "rollout.dynamic_sampling", True, "rollout.dynamic_sampling=True with "
+        "rl.group_size=1: a group of one response", also={"rl.advantage": "dr_grpo",
+                                                         "rl.group_size": 1}),
+    row("grpo.py", "rollout.dynamic_sampling", "yes", "rollout.dynamic_sampling='yes' must be True"),
+    row("grpo.py", "rollout.max_rounds", 0, "rollout.max_rounds=0 must be a positive integer"),
+    row("grpo.py", "rollout.filter_min_std", -0.1, "rollout.filter_min_std=-0.1 must be >= 0"),
+    row("grpo.py", "rollout.oversample", 0.5, "rollout.oversample=0.5 must be 'auto' or a number"),
+    row("grpo.py", "rollout.generation_batch", 8, "rollout.dynamic_sampling=True decodes whole "
+        "groups per call: rollout.generation_batch=8 must be a multiple of rl.group_size",
+        also={"rollout.dynamic_sampling": True, "rl.group_size": 16, "rl.microbatch": "auto"}),
+    row("grpo.py", "optim.lr_batch", "trained", "optim.lr_batch='trained'; known: nominal, effective"),
     # optim (the actor's; SFT's)
     row("grpo.py", "optim.lr", 0.0, "optim.lr=0.0 must be a positive number"),
     row("grpo.py", "optim.lr", NAN, "optim.lr=nan must be a positive number"),
