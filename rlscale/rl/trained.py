@@ -25,8 +25,11 @@ class Trained:
   def __init__(self, name: str, forward, loss, params, optim_cfg: Mapping[str, Any], *,
                batch: ModelBatch, group_size: int, total_responses: int, aggregation: str,
                max_len: int, mesh, rules, noise_cfg: Mapping[str, Any], prox_com: float = 0.0,
-               ptx_coef: float = 0.0, demos=None):
+               ptx_coef: float = 0.0, demos=None, count_rows: bool = False):
+    """`count_rows`: the step's batch may hold rows without loss (dynamic sampling)."""
     self.name, self.batch, self.group_size = name, batch, group_size
+    self.optim_cfg = optim_cfg
+    self.lr_scale: float | None = None  # optim.lr_batch='effective': this step's (follow_batch)
     self.opt_batch = batch.minibatch  # responses per optimizer step
     optimizer, self.scaled = optim.make(optim_cfg, batch=self.opt_batch,
                                         total_responses=total_responses,
@@ -50,7 +53,8 @@ class Trained:
                               aggregation=aggregation, max_len=max_len, mesh=mesh, rules=rules,
                               group_size=group_size, measure_noise=self.measure_noise,
                               prox_decay=self.prox_decay,
-                              ptx=(ptx_coef, ptx.nll) if demos is not None else None)
+                              ptx=(ptx_coef, ptx.nll) if demos is not None else None,
+                              count_rows=count_rows)
     self.demos, self.opt_steps_taken = demos, None  # PPO-ptx rows (rl/ptx.py), or None
     prox = jax.tree.map(jnp.copy, params) if self.prox_decay is not None else None
     self.state = self.update.place(
@@ -59,6 +63,15 @@ class Trained:
   @property
   def params(self):
     return self.state.params
+
+  def follow_batch(self, effective_rows: int) -> None:
+    """This step's effective batch: with optim.lr_batch='effective' the scaling rule's lr
+    follows effective_rows / num_minibatches responses per optimizer step instead of the
+    nominal batch (the update is scaled by the rule's ratio of the two; Adam's moment
+    adjustment stays at the nominal batch)."""
+    if self.optim_cfg["lr_batch"] == "effective":
+      b = max(effective_rows / self.batch.num_minibatches, 1e-9)
+      self.lr_scale = optim.scale(self.optim_cfg, b).lr / self.scaled.lr
 
   def step(self, batch, key, by_group: bool):
     """Dispatch one update; returns the device metrics."""
@@ -70,19 +83,31 @@ class Trained:
       demos = self.demos.batch(self.opt_steps_taken, n)
       self.opt_steps_taken += n
     self.state, metrics = self.update(self.state, batch, key, by_group and self.prompt_level,
-                                      demos)
+                                      demos, self.lr_scale)
+    if self.lr_scale is not None:
+      metrics = {**metrics, "lr_scale": self.lr_scale}
     return metrics
 
   def read(self, metrics: Mapping[str, Any], by_group: bool) -> dict[str, Any]:
     """Host metrics under `<name>/`: the update's, the noise scale, the hyperparameters."""
     out = {f"{self.name}/{k}": v for k, v in metrics.items() if not k.startswith("noise/")}
+    for k in ("rows_big", "micro_used_min"):  # dynamic sampling: the rows measured on
+      if f"noise/{k}" in metrics:
+        out[f"{self.name}/noise_{k}"] = metrics[f"noise/{k}"]
     if "noise/grad_sq_small" in metrics:
       unit, per = (("prompts", self.group_size) if by_group and self.prompt_level
                    else ("responses", 1))
-      g2, trace = noise_scale.estimates(metrics["noise/grad_sq_small"],
-                                        metrics["noise/grad_sq_big"],
-                                        self.batch.microbatch / per, self.opt_batch / per)
-      out.update(self.noise[unit].update(g2, trace))
+      small, big = self.batch.microbatch, self.opt_batch
+      measured = metrics.get("noise/micro_used_min", 2) >= 2
+      if measured and metrics.get("noise/rows_big", big) < big:
+        # Rows without loss (dynamic sampling's holes): the sizes the gradients were taken on.
+        small, big = 1.0 / metrics["noise/inv_rows_small"], metrics["noise/rows_big"]
+      if measured and small < big:
+        g2, trace = noise_scale.estimates(metrics["noise/grad_sq_small"],
+                                          metrics["noise/grad_sq_big"], small / per, big / per)
+        out.update(self.noise[unit].update(g2, trace))
+      else:  # fewer than two micro-batches held loss: no estimate this step
+        out.update(self.noise[unit].current())
       other = "responses" if unit == "prompts" else "prompts"
       out.update(self.noise[other].current())  # every step carries both B_simple values
     for name, value in optim.hyperparams(self.state.opt_state).items():

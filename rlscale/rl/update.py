@@ -164,9 +164,13 @@ def micro_grad_fn(forward, loss: TokenLoss):
   return jax.value_and_grad(micro_loss, has_aux=True)
 
 
-def apply_gradients(optimizer, state: TrainState, grads, prox_decay: float | None) -> TrainState:
-  """One optimizer step; the proximal parameters (if any) follow as an EWMA."""
+def apply_gradients(optimizer, state: TrainState, grads, prox_decay: float | None,
+                    lr_scale=None) -> TrainState:
+  """One optimizer step; the proximal parameters (if any) follow as an EWMA. `lr_scale`
+  multiplies the step's update, as it would the learning rate (optim.lr_batch='effective')."""
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  if lr_scale is not None:
+    updates = jax.tree.map(lambda u: (u * lr_scale).astype(u.dtype), updates)
   params = optax.apply_updates(state.params, updates)
   prox = state.prox
   if prox_decay is not None:
@@ -178,7 +182,7 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
                 *, num_minibatches: int, num_epochs: int, microbatch: int, aggregation: str,
                 max_len: int, mesh: Mesh, rules: sharding.Rules, shuffle: bool = True,
                 group_size: int = 1, measure_noise: bool = True, prox_decay: float | None = None,
-                ptx: tuple[float, TokenLoss] | None = None):
+                ptx: tuple[float, TokenLoss] | None = None, count_rows: bool = False):
   """An `Update`: `update(state, batch, key, by_group=False) -> (state, metrics)`.
 
   `forward(params, micro_batch, prox_params)` gives the loss its inputs (policy_forward,
@@ -191,9 +195,15 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
   trained ones as an EWMA, updated after every optimizer step. With `ptx` = (coef, loss)
   every optimizer step adds coef x the token mean of `loss` over its block of the `demos` rows
   (rl/ptx.py: PPO-ptx); the noise metrics and `grad_norm_rl` measure the policy loss alone.
+  With `count_rows` (dynamic sampling, whose batch may hold rows without loss) the noise
+  metrics also give the rows with loss tokens they were measured on: `noise/rows_big` (per
+  mini-batch), `noise/inv_rows_small` (the mean of 1/rows over the micro-batches with tokens:
+  E|G_small|^2 = |G|^2 + tr(Sigma) mean(1/b_i)) and `noise/micro_used_min`; and a mini-batch
+  without any loss token takes no optimizer step (Adam's momentum would move it).
   """
   grad_fn = micro_grad_fn(forward, loss)
   ptx_grad = None if ptx is None else micro_grad_fn(forward, ptx[1])
+  lr_scale = None  # the traced scale of the update being traced (optim.lr_batch='effective')
 
   def add_ptx(params, grads, demo: SequenceBatch, metrics):
     """grads + coef x the demonstrations' gradient, with the ptx metrics."""
@@ -223,15 +233,23 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
                    grad_norm=jnp.sqrt(big_sq if demo is None else sq_norm(grads)))
     if n_micro > 1 and measure_noise:
       metrics.update({"noise/grad_sq_small": small_sq, "noise/grad_sq_big": big_sq})
-    return apply_gradients(optimizer, state, grads, prox_decay), metrics
+      if count_rows:
+        metrics.update(_row_counts(micro[0].resp_mask, shares))
+    new = apply_gradients(optimizer, state, grads, prox_decay, lr_scale)
+    if count_rows:  # a mini-batch of rows without loss: no step at all
+      live = jnp.any(mb.resp_mask)
+      new = jax.tree.map(lambda a, b: jnp.where(live, a, b), new, state)
+    return new, metrics
 
-  def update(state: TrainState, batch: SequenceBatch, key, by_group, demos=None):
+  def update(state: TrainState, batch: SequenceBatch, key, by_group, demos=None, scale=None):
     with sharding.activation_sharding(mesh, rules):
       rows = batch.tokens.shape[0]
       mb_rows = rows // num_minibatches
       if demos is not None:  # one block of rows per optimizer step, in order
         per = (num_epochs, num_minibatches, demos.tokens.shape[0] // num_epochs // num_minibatches)
         demos = jax.tree.map(lambda x: x.reshape(per + x.shape[1:]), demos)
+      nonlocal lr_scale
+      lr_scale = scale
       step_metrics = []
       for epoch in range(num_epochs):
         idx = (permutation(jax.random.fold_in(key, epoch), rows, group_size, by_group)
@@ -244,9 +262,21 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
       metrics = jax.tree.map(lambda *xs: jnp.concatenate(xs), *step_metrics)
       out = {k: jnp.mean(v) for k, v in metrics.items()}
       out["grad_norm_max"] = jnp.max(metrics["grad_norm"])
+      if "noise/micro_used" in metrics:
+        out["noise/micro_used_min"] = jnp.min(metrics["noise/micro_used"])
       return state, out
 
   return Update(update, mesh, rules)
+
+
+def _row_counts(mask_MxbxN, shares) -> dict[str, jax.Array]:
+  """The rows with loss tokens the noise scale's two gradients were measured on."""
+  rows = jnp.sum(jnp.any(mask_MxbxN, axis=-1), axis=-1).astype(jnp.float32)  # [M]
+  used = shares > 0
+  n_used = jnp.sum(used)
+  inv = jnp.sum(jnp.where(used, 1.0 / jnp.maximum(rows, 1.0), 0.0)) / jnp.maximum(n_used, 1)
+  return {"noise/rows_big": jnp.sum(rows), "noise/inv_rows_small": inv,
+          "noise/micro_used": n_used.astype(jnp.float32)}
 
 
 class Update:
@@ -273,8 +303,9 @@ class Update:
     return jax.device_put(state, self.state_shardings(state))
 
   def __call__(self, state: TrainState, batch: SequenceBatch, key, by_group: bool = False,
-               demos: SequenceBatch | None = None):
-    """One update; `demos` are the PPO-ptx rows of its optimizer steps (make_update's `ptx`)."""
+               demos: SequenceBatch | None = None, lr_scale: float | None = None):
+    """One update; `demos` are the PPO-ptx rows of its optimizer steps (make_update's `ptx`);
+    `lr_scale` multiplies its updates (given on every call of a run, or on none)."""
     shard = lambda tree: jax.tree.map(
         lambda x: sharding.batch_sharding(self.mesh, x.ndim, self.rules), tree)
     batch_sh, demos_sh = shard(batch), shard(demos)
@@ -287,7 +318,9 @@ class Update:
         self.traces += 1
         return self._fn(*args)
 
+      scale_sh = () if lr_scale is None else (rep,)
       self._jitted = jax.jit(counted, donate_argnums=0,
-                             in_shardings=(state_sh, batch_sh, rep, rep, demos_sh),
+                             in_shardings=(state_sh, batch_sh, rep, rep, demos_sh) + scale_sh,
                              out_shardings=(state_sh, rep))
-    return self._jitted(state, batch, key, jnp.asarray(by_group), demos)
+    scale = () if lr_scale is None else (jnp.asarray(lr_scale, jnp.float32),)
+    return self._jitted(state, batch, key, jnp.asarray(by_group), demos, *scale)

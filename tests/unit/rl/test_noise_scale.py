@@ -203,3 +203,31 @@ def test_prompt_level_estimate_is_unbiased_when_responses_share_a_prompt(mesh1, 
   biased = SH_D * (SH_P2 + w) / (mu2 + (SH_G - 1) * SH_D * SH_P2 / b)  # 3.7 (measured 3.2)
   assert abs(tr / g2 / biased - 1) < 0.2, (tr / g2, biased)
   assert tr / g2 < truth / 4, (tr / g2, truth)
+
+
+def test_rows_without_loss_are_left_out_of_the_noise_scale(mesh1, rules):
+  """Dynamic sampling's holes: a third of the rows carry no loss, shuffled into the
+  micro-batches. The sizes the update counts (count_rows) give the closed form's B_simple; the
+  plan's nominal sizes would not."""
+  forward = lambda theta, mb, prox: jnp.einsum("bnd,d->bn", mb.extras["x"], theta)
+  loss = lambda logp: (logp, {})
+  opt = optax.set_to_zero()
+  update = make_update(forward, opt, loss, num_minibatches=LIN_TRIALS, num_epochs=1,
+                       microbatch=LIN_SMALL, aggregation="token-mean", max_len=LIN_L,
+                       mesh=mesh1, rules=rules, count_rows=True)
+  theta = jnp.zeros((LIN_D,), jnp.float32)
+  state = update.place(TrainState(theta, opt.init(theta), jnp.zeros((), jnp.int32)))
+  batch = _linear_batch(LIN_TRIALS * LIN_BIG, seed=1)
+  keep = np.random.default_rng(2).random(LIN_TRIALS * LIN_BIG) < 2 / 3
+  batch = batch._replace(resp_mask=batch.resp_mask & jnp.asarray(keep)[:, None])
+  _, m = update(state, batch, jax.random.key(0))
+  assert float(m["noise/rows_big"]) == pytest.approx(keep.sum() / LIN_TRIALS)
+  small, big = 1 / float(m["noise/inv_rows_small"]), float(m["noise/rows_big"])
+  assert small < LIN_SMALL * 2 / 3 < big < LIN_BIG  # fewer rows than the nominal sizes
+  want = _linear_b_simple("token-mean")
+  counted = noise_scale.estimates(float(m["noise/grad_sq_small"]),
+                                  float(m["noise/grad_sq_big"]), small, big)
+  nominal = noise_scale.estimates(float(m["noise/grad_sq_small"]),
+                                  float(m["noise/grad_sq_big"]), LIN_SMALL, LIN_BIG)
+  assert abs(counted[1] / counted[0] - want) / want < 0.1, (counted[1] / counted[0], want)
+  assert abs(nominal[1] / nominal[0] - want) / want > 0.25, (nominal[1] / nominal[0], want)
