@@ -70,6 +70,9 @@ class Trainer(Protocol):
   def meta(self) -> dict[str, Any]:
     """Host state (JSON) saved beside the arrays."""
 
+  def fill_counters(self, missing: list[str]) -> None:
+    """Set the `counters` a checkpoint of an older version lacks (named in `missing`)."""
+
   def begin(self, step: int) -> Any:
     """Dispatch what needs no host sync (e.g. the decode)."""
 
@@ -125,6 +128,9 @@ class Loop:
     self.metrics_rows: str | None = None
     self.steps_run = 0
     self.save_seconds: float | None = None  # reported as time/checkpoint of the next step
+    # step -> the sample axis before and after it, for steps whose samples vary (dynamic
+    # sampling generates more than P x G when it refills); evaluation marks fall between.
+    self.seen: dict[int, tuple[int, int]] = {}
 
   # --- schedule ---
 
@@ -135,7 +141,8 @@ class Loop:
     e = self.cfg.train.eval_every_responses
     if e:  # at fixed sample marks, the x every batch size shares
       n = self.trainer.samples_per_step
-      return step == self.steps or (step - 1) * n // e < step * n // e
+      before, after = self.seen.get(step, ((step - 1) * n, step * n))
+      return step == self.steps or before // e < after // e
     return self._due(self.cfg.train.eval_every, step)
 
   def checkpoint_due(self, step: int) -> bool:
@@ -158,8 +165,12 @@ class Loop:
       self.trainer.load(state, meta.pop("trainer", {}))
       self.last_eval = meta.pop("last_eval", {})  # a finished run's summary keeps its evaluation
       self.metrics_rows = meta.pop("metrics", None)  # metrics.jsonl up to this step
+      missing = [k for k in self.trainer.counters if k not in meta]
       for k in self.trainer.counters:
-        self.trainer.counters[k] = meta.pop(k)
+        if k in meta:
+          self.trainer.counters[k] = meta.pop(k)
+      if missing:  # a checkpoint of an older version
+        self.trainer.fill_counters(missing)
       self.counters.update(meta)
       logging.info("resumed from the checkpoint of step %d in %s", start, self.workdir)
     return start
@@ -190,7 +201,9 @@ class Loop:
         begun = self.trainer.begin(step)
         if pending is not None:  # step N's metrics, fetched while step N+1 is dispatched
           self.finish(pending)
+        before = self.trainer.counters[self.trainer.sample_key]
         pending = self.trainer.complete(step, begun, self.t_prev_end)
+        self.seen = {step: (before, self.trainer.counters[self.trainer.sample_key])}
         self.steps_run += 1
         if self.eval_due(step) or self.checkpoint_due(step):
           self.finish(pending)  # evaluation and checkpoints need this step's parameters now

@@ -29,6 +29,7 @@ from rlscale.resolve import resolved
 from rlscale.metrics import flops
 from rlscale.metrics import memory_report
 from rlscale.parallel import roles
+from rlscale.trainer import group_filter
 from rlscale.trainer import rollout
 from rlscale.parallel import sharding
 from rlscale.checkpoints import hf
@@ -49,9 +50,10 @@ class Begun:
   problems: list
   prompt_tokens: np.ndarray
   prompt_mask: np.ndarray
-  rollout: Any
+  rollout: Any  # dynamic sampling: round 1's calls (refill.Call), else the step's Rollout
   t_dispatch: float
   version: int  # updates the sampling weights had seen
+  stream_first: int = 0  # the stream index of the step's first prompt
 
 
 class RLTrainer:
@@ -72,8 +74,11 @@ class RLTrainer:
     logging.info("batch plan: %s", self.plan.summary_line())
     self.algo = algorithm.build(algorithm.Context(cfg, self.plan, env, self.graphdef, params, base))
     self.actor = self.algo.models["actor"]
-    self.samples_per_step = self.plan.responses
-    self.counters = {"responses_seen": 0, "tokens_seen": 0}
+    self.samples_per_step = self.plan.responses  # without dynamic sampling: every step's
+    # responses_seen counts the responses generated (the sample cost), responses_trained those
+    # the update trained on; they differ under dynamic sampling (rlscale/trainer/refill.py).
+    self.counters = {"responses_seen": 0, "tokens_seen": 0, "responses_trained": 0}
+    self.group_relative = bool(getattr(self.algo, "group_relative", False))
     ro, tok = cfg.rollout, env.task.tokenizer
     self.meshes = env.meshes
     self.overlap = bool(ro.overlap)
@@ -94,6 +99,16 @@ class RLTrainer:
     self.peak = flops.peak(cfg.train.peak_flops, jax.devices()[0].device_kind)
     self.rows = distributed.process_rows(self.plan.num_prompts)
     self.key = jax.random.key(cfg.seed)
+    self.refill = None  # rollout.dynamic_sampling: the rounds of a step
+    self.next_prompt: int | None = None  # the stream index of the next step's first prompt
+    if ro.dynamic_sampling:
+      from rlscale.trainer.refill import Refill
+      self.refill = Refill(self.sampler, env.task, self.plan.num_prompts, self.plan.group_size,
+                           self.plan.generation_batch, ro, env.rules)
+      logging.info("dynamic sampling: groups of equal rewards%s are dropped and refilled, "
+                   "%d prompts per decode call, at most %d rounds, oversample %s",
+                   f" or reward std <= {ro.filter_min_std:g}" if ro.filter_min_std else "",
+                   self.refill.call_prompts, self.refill.max_rounds, ro.oversample)
 
   def _fit_generation_batch(self, value) -> dict[str, Any] | None:
     """generation_batch='auto': the largest decode call whose compiled memory fits the
@@ -120,9 +135,20 @@ class RLTrainer:
       m.load_noise_state(meta.get("noise", {}).get(n, {}))
     # The restored weights sample the next step: an overlapped run resumes on-policy (lag 0).
     self.sampler_params, self.prefetched = self.sync(self.actor.params), None
+    self.next_prompt = meta.get("next_prompt")  # None: a run without dynamic sampling
+    if self.refill is not None:
+      self.refill.load(meta.get("refill", {}))
 
   def meta(self) -> dict[str, Any]:
-    return {"noise": {n: m.noise_state() for n, m in self.algo.models.items()}}
+    out = {"noise": {n: m.noise_state() for n, m in self.algo.models.items()}}
+    if self.refill is not None:  # the prompt stream's position and the filtered fraction
+      out.update(next_prompt=self.next_prompt, refill=self.refill.state())
+    return out
+
+  def fill_counters(self, missing: list[str]) -> None:
+    """Counters a checkpoint of an older version lacks: it trained on every response."""
+    if "responses_trained" in missing:
+      self.counters["responses_trained"] = self.counters["responses_seen"]
 
   # --- one step ---
 
@@ -138,6 +164,12 @@ class RLTrainer:
     """Step `step`'s decode with the sampler's current weights, those after step `version`'s
     update (step - 1 on-policy; step - 2 when an overlapped step - 1 dispatched it)."""
     first = (step - 1) * self.plan.num_prompts
+    if self.refill is not None:  # round 1; complete() sends the rounds after it
+      first = first if self.next_prompt is None else self.next_prompt
+      t = time.time()
+      calls = self.refill.first_round(self.sampler_params,
+                                      jax.random.fold_in(self.step_key(step), 0), first)
+      return Begun(step, [], None, None, calls, t, version, first)
     problems = self.env.task.problems(first + self.rows.start, self.rows.stop - self.rows.start)
     ptoks, pmask = rollout.prompts(self.env.task, problems, self.plan.group_size)
     t = time.time()
@@ -151,6 +183,8 @@ class RLTrainer:
 
   def complete(self, step: int, b: Begun, t_start: float) -> Pending:
     """Score the responses, let the algorithm prepare and dispatch its update."""
+    if self.refill is not None:
+      return self._complete_refilled(step, b, t_start)
     toks, rmask = rollout.host_rollout(b.rollout)
     phases = {"generate": time.time() - max(b.t_dispatch, t_start)}  # overlap: the wait only
     if self.overlap and step < self.plan.num_steps:  # the sampler's next step, before the update
@@ -170,8 +204,76 @@ class RLTrainer:
     plen, rlen = b.prompt_mask.sum(axis=1), rmask.sum(axis=1)
     host["train_tokens"] = int(distributed.global_sum(rlen.sum() + plen.sum()))
     host["rollout/policy_lag"] = (step - 1) - b.version  # updates between sampling and training
-    self.counters["responses_seen"] += self.plan.responses
-    self.counters["tokens_seen"] += host["response_tokens"]
+    codes = group_filter.group_signal(rewards.reshape(-1, self.plan.group_size),
+                                      correct.reshape(-1, self.plan.group_size))
+    informative = int(distributed.global_sum(np.sum(codes == group_filter.INFORMATIVE)))
+    fractions = {k: distributed.global_mean(v)
+                 for k, v in group_filter.reason_fractions(codes).items()}
+    host.update(self._sample_axis(self.plan.responses, self.plan.responses,
+                                  informative * self.plan.group_size, host["response_tokens"],
+                                  fractions, rounds=1))
+    return self._update(step, b, seq, host, phases, t_start, plen, rlen)
+
+  def _sample_axis(self, generated: int, trained: int, informative: int, tokens: int,
+                   fractions: dict[str, float], rounds: int) -> dict[str, Any]:
+    """The step's sample-axis metrics, and the counters advanced: responses generated (what
+    time to target counts), trained, and the effective batch (informative responses per
+    optimizer step: a group-relative algorithm learns nothing from a group of equal
+    rewards; a critic-based one learns from every response)."""
+    effective = informative if self.group_relative else trained
+    self.counters["responses_seen"] += generated
+    self.counters["responses_trained"] += trained
+    self.counters["tokens_seen"] += tokens
+    for m in self.algo.models.values():
+      m.follow_batch(effective if m.name == "actor" else trained)
+    return {"rollout/responses_generated": generated, "rollout/responses_trained": trained,
+            "rollout/effective_responses": effective,
+            "rollout/effective_batch": effective / self.plan.main.num_minibatches,
+            "rollout/rounds": rounds, **fractions}
+
+  def _complete_refilled(self, step: int, b: Begun, t_start: float) -> Pending:
+    """Dynamic sampling's step: rounds until P informative groups (refill.py), then the
+    update on them; the groups without signal left when the rounds ran out carry no loss."""
+    t = time.time()
+    f = self.refill.run(self.sampler_params, jax.random.fold_in(self.step_key(step), 0),
+                        b.stream_first, b.rollout, max(b.t_dispatch, t_start))
+    self.next_prompt = b.stream_first + f.calls * self.refill.call_prompts
+    phases = {"generate": f.generate_s, "reward": time.time() - t - f.generate_s}
+    if self.overlap and step < self.plan.num_steps:  # the sampler's next step, before the update
+      self.prefetched = self._dispatch(step + 1, step - 1)
+    g = self.plan.group_size
+    ptoks, pmask = rollout.prompts(self.env.task, f.problems, g)
+    seq = rollout.sequence_batch(ptoks, pmask, rollout.Responses(f.tokens, f.mask),
+                                 self.env.mesh, self.env.rules)
+    scores = sharding.put_batch(f.rewards, self.env.mesh, self.env.rules)
+    sample_logp, = roles.to_mesh([f.logprobs], self.env.mesh, self.env.rules)
+    more_phases, host = self.algo.prepare(seq, sample_logp, scores)
+    phases.update(more_phases)
+    gr = f.groups
+    host.update(rollout.group_metrics(gr.cat("rewards"), gr.cat("correct"), gr.cat("finished"),
+                                      gr.cat("lengths")))
+    rmask = distributed.host_local(f.mask)
+    plen, rlen = pmask.sum(axis=1), rmask.sum(axis=1)
+    trained_rows = np.repeat(f.trained[self.rows], g)
+    host["train_tokens"] = int(distributed.global_sum((rlen + plen)[trained_rows].sum()))
+    host["rollout/policy_lag"] = (step - 1) - b.version  # of round 1
+    codes = gr.cat("codes")
+    trained = int(f.trained.sum()) * g
+    host.update(self._sample_axis(len(codes) * g, trained, trained, host["response_tokens"],
+                                  group_filter.reason_fractions(codes), f.rounds))
+    host.update({"rollout/decode_calls": f.calls, "rollout/capped": int(trained < self.plan.responses),
+                 "rollout/dropped_informative": f.dropped_informative,
+                 "rollout/filtered_estimate": self.refill.estimate(),
+                 "throughput/decode_responses_per_s": len(codes) * g / max(f.generate_s, 1e-9)})
+    if trained < self.plan.responses:
+      logging.warning("step %d: %d of %d groups carry signal after %d rounds "
+                      "(rollout.max_rounds): it trains on those", step, trained // g,
+                      self.plan.num_prompts, f.rounds)
+    return self._update(step, b, seq, host, phases, t_start, plen[trained_rows],
+                        rlen[trained_rows])
+
+  def _update(self, step, b: Begun, seq, host, phases, t_start, plen, rlen) -> Pending:
+    """Dispatch the algorithm's update of a scored step."""
     by_group = self.prompt_level and step % 2 == 0
     t_update = time.time()
     update_phases, metrics = self.algo.update(seq, jax.random.fold_in(self.step_key(step), 1),
@@ -206,7 +308,7 @@ class RLTrainer:
         v for k, v in p.update_phases.items() if k != "weight_sync")
     out = {"throughput/train_tokens_per_s":
                p.host["train_tokens"] * self.plan.main.num_epochs / update_s,
-           "throughput/responses_per_s": self.plan.responses / wall,
+           "throughput/responses_per_s": p.host["rollout/responses_generated"] / wall,
            "flops/step": sum(step_flops.values()),  # model FLOPs: a report's compute axis
            **memory_report.peaks()}  # the run's memory so far (benchmarks give it per phase)
     if not self.overlap:  # an overlapped step's generate phase is only the wait it caused
@@ -242,7 +344,8 @@ class RLTrainer:
       out["data"] = self.env.task.data_report
     out["compilations"] = summary.compilations(self.workdir, {
         **{n: m.update.traces for n, m in self.algo.models.items()},
-        "sampler": self.sampler.traces})
+        "sampler": self.sampler.traces,
+        **({"refill": self.refill.traces} if self.refill is not None else {})})
     write_json(os.path.join(self.workdir, "summary.json"), out)
     logging.info("done: %s", {k: (round(v, 4) if isinstance(v, float) else v)
                               for k, v in out.items() if not isinstance(v, dict)})

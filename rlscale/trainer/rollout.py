@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
@@ -46,7 +47,14 @@ def host_rollout(out: Rollout) -> tuple[np.ndarray, np.ndarray]:
   return distributed.host_local(out.tokens), distributed.host_local(out.mask)
 
 
-def sequence_batch(prompt_tokens, prompt_mask, out: Rollout, mesh: Mesh, rules) -> SequenceBatch:
+class Responses(NamedTuple):
+  """The rows `sequence_batch` reads of a Rollout."""
+  tokens: jax.Array
+  mask: jax.Array
+
+
+def sequence_batch(prompt_tokens, prompt_mask, out: Rollout | Responses, mesh: Mesh,
+                   rules) -> SequenceBatch:
   """Prompt and response side by side, on the (trainer's) mesh; the algorithm fills `extras`.
   The responses move there from the sampler's mesh when it has one (roles.to_mesh)."""
   pt = sharding.put_batch(prompt_tokens, mesh, rules)
@@ -70,3 +78,16 @@ def reward_metrics(rewards, correct, finished, resp_mask, group_size: int) -> di
           "reward/unsolved_groups": g_mean(~groups.any(axis=1)),  # none correct
           "response/length_mean": g_mean(lengths), "response/length_max": int(distributed.global_max(lengths)),
           "response_tokens": int(g_sum(lengths.sum()))}
+
+
+def group_metrics(rewards_GxN, correct, finished, lengths) -> dict[str, Any]:
+  """`reward_metrics` of groups every process holds whole (dynamic sampling gathers them):
+  [groups, G] arrays of every response generated in the step."""
+  r = np.asarray(rewards_GxN, np.float64)
+  c = np.asarray(correct, bool)
+  return {"reward/mean": float(r.mean()), "reward/std": float(r.std()),
+          "reward/accuracy": float(c.mean()), "reward/finished": float(np.mean(finished)),
+          "reward/solved_groups": float(c.all(axis=1).mean()),
+          "reward/unsolved_groups": float((~c.any(axis=1)).mean()),
+          "response/length_mean": float(np.mean(lengths)),
+          "response/length_max": int(np.max(lengths)), "response_tokens": int(np.sum(lengths))}

@@ -88,6 +88,9 @@ class SFTTrainer:
   def meta(self) -> dict:
     return {}
 
+  def fill_counters(self, missing: list[str]) -> None:
+    raise ValueError(f"the checkpoint lacks the counters {missing}")
+
   def begin(self, step: int) -> float:
     return time.time()
 

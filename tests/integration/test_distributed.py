@@ -169,3 +169,13 @@ def _two_processes_like_one(name, tmp_path, cache_dir):
 @pytest.mark.slow(seconds=60)
 def test_two_processes_ppo_like_one(tmp_path, tiny_sft_base):
   _two_processes_like_one("ppo.py", tmp_path, tiny_sft_base)
+
+
+@pytest.mark.slow(seconds=70)
+def test_two_processes_with_dynamic_sampling_keep_the_groups_one_keeps(tmp_path, tiny_sft_base):
+  """Every process gathers every group's rewards and fills the same slots: the two-process
+  run refills like the one-process run (rounds, generated and trained responses, metrics)."""
+  _two_processes_like_one("grpo.py+ds", tmp_path, tiny_sft_base)
+  with open(tmp_path / "one" / "metrics.jsonl") as f:
+    rows = [json.loads(line) for line in f][1:]
+  assert max(r["rollout/rounds"] for r in rows) >= 2, "no step refilled: the test is void"
