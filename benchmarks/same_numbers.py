@@ -55,13 +55,14 @@ def _numbers(row: dict) -> dict:
   return {k: v for k, v in row.items() if not k.startswith(MACHINE)}
 
 
-def compare(before: list[dict], after: list[dict]) -> str | None:
-  """None when every row's numbers are identical, else the first difference in words."""
+def compare(before: list[dict], after: list[dict], added: bool = False) -> str | None:
+  """None when every row's numbers are identical, else the first difference in words; with
+  `added`, keys only the after rows have (metrics a change adds) are not differences."""
   if len(before) != len(after):
     return f"{len(before)} rows before, {len(after)} after"
   for a, b in zip(before, after):
     a, b = _numbers(a), _numbers(b)
-    for k in sorted(set(a) | set(b)):
+    for k in sorted(set(a) if added else set(a) | set(b)):
       if a.get(k, "absent") != b.get(k, "absent"):
         return f"step {a.get('step')}: {k} = {a.get(k, 'absent')} before, {b.get(k, 'absent')} after"
   return None
@@ -72,6 +73,8 @@ def main(argv=None) -> int:
   ap.add_argument("--before", required=True, help="the commit before the refactor")
   ap.add_argument("--after", help="the commit after it (default: the working tree)")
   ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated configs")
+  ap.add_argument("--added", action="store_true",
+                  help="metrics only the after runs log are allowed (every key before must match)")
   args = ap.parse_args(argv)
   root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
                         check=True).stdout.strip()
@@ -83,7 +86,7 @@ def main(argv=None) -> int:
       for config in args.configs.split(","):
         rows = {side: _run(tree, config, os.path.join(tmp, f"runs-{side}"))
                 for side, tree in trees.items()}
-        diff = compare(rows["before"], rows["after"])
+        diff = compare(rows["before"], rows["after"], args.added)
         failed |= diff is not None
         evals = [r for r in rows["after"] if "eval/accuracy_greedy" in r]
         first, last = (evals[0], evals[-1]) if evals else ({}, {})

@@ -74,6 +74,12 @@ def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
       # target at each P (split it over devices with mesh.roles='split' to gain time).
       "overlap": sw.product({"rollout.overlap": [False, True]}, {"p": prompts[:3]},
                             sw.fixed(g=8), seeds, equal, evals),
+      # Dynamic sampling (groups of equal rewards dropped and refilled) against none at three
+      # P: responses to target against generated and trained responses, nominal and effective B.
+      "dynamic_sampling": sw.product({"rollout.dynamic_sampling": [False, True]},
+                                     {"p": prompts[1:4]}, sw.fixed(g=8),
+                                     {"optim.lr_scaling": ["sqrt"]},
+                                     {"seed": [0, 1, 2]}, equal, evals),
       # Throughput against the generation batch; the learning is the same at every point.
       "generation_batch": sw.product(
           {"rollout.generation_batch": [4, 8, 16] if tiny else [32, 64, 128, 256, 512]},

@@ -5,9 +5,11 @@ A step's prompts are a stream from the step's first prompt on. A *call* decodes 
 memory-fitted generation batch, so rounds never compile anything new; a call's prompts are
 split over the processes in order, so call c holds the same stream rows on one process or on
 many, and a row's sample depends only on the step's key and its row in the stream. A *round*
-is the calls sent on one decision: the first sized by the filtered fraction of past steps
+is the calls planned on one decision: the first sized by the filtered fraction of past steps
 (over-sampling), later ones by the informative groups still missing and this step's
-fraction, at most `rollout.max_rounds` rounds. Calls are scored as they finish; every process
+fraction, at most `rollout.max_rounds` rounds. A round's calls are sent one ahead of the
+host's scoring and stop once no informative group is missing. Calls are scored as they
+finish; every process
 gathers every group's rewards (a few numbers per group), so all agree on the slots
 (group_filter.Slots); each call's kept rows are written into the step's batch on the devices
 by one compiled scatter (rows move device to device, never through one host).
@@ -39,6 +41,21 @@ class Call:
   problems: list  # this process's problems, one per group
   rollout: Any  # decode.Rollout, global rows of the call
   round: int
+
+
+@dataclasses.dataclass
+class Round:
+  """A round's plan: its number, the calls planned, those dispatched so far."""
+  number: int
+  planned: int
+  sent: int
+  calls: list = dataclasses.field(default_factory=list)
+
+
+# Decode calls dispatched and not yet scored, at most: the device decodes one while the host
+# scores the other, and a step holds at most two calls' rows besides its batch (the batch
+# plan's rollout memory counts them).
+IN_FLIGHT = 2
 
 
 @dataclasses.dataclass
@@ -141,45 +158,61 @@ class Refill:
     out = self.sampler(params, ptoks, pmask, key, ids, self.group)
     return Call(first_group, problems, out, round_)
 
-  def first_round(self, params, key, stream_first: int) -> list[Call]:
-    """Round 1's calls, dispatched: P prompts over (1 - the filtered fraction so far)."""
-    n = self.calls_for(self.P, self.estimate())
-    return [self.dispatch(params, key, stream_first, c * self.call_prompts, 1) for c in range(n)]
+  def first_round(self, params, key, stream_first: int) -> "Round":
+    """Round 1: P prompts over (1 - the filtered fraction so far), in calls of which the
+    first IN_FLIGHT are dispatched now."""
+    r = Round(1, self.calls_for(self.P, self.estimate()), 0)
+    r.calls = [self.dispatch(params, key, stream_first, c * self.call_prompts, 1)
+               for c in range(min(IN_FLIGHT, r.planned))]
+    r.sent = len(r.calls)
+    return r
 
   # --- a step ---
 
-  def run(self, params, key, stream_first: int, calls: list[Call], t_dispatch: float) -> Filled:
-    """Score `calls` (round 1), send more rounds while groups are missing, and assemble the
-    batch; `params` sample the later rounds."""
+  def run(self, params, key, stream_first: int, first: "Round", t_dispatch: float) -> Filled:
+    """Score round 1's calls, send the rest of its calls and later rounds while informative
+    groups are missing (a round stops early once none is), and assemble the batch; `params`
+    sample the calls dispatched here."""
     slots, groups = gf.Slots(self.P), Groups()
     mesh = self.sampler.mesh
     buffers = None
-    pending = collections.deque(calls)
-    sent, round_ = len(calls), 1
+    pending = collections.deque(first.calls)
+    round_, left, sent = 1, first.planned - first.sent, first.sent  # left: planned, not sent
     t_gen = 0.0
     while True:
-      while pending:
-        call = pending.popleft()
-        t = time.time()
-        jax.block_until_ready(call.rollout.tokens)
-        t_gen += time.time() - max(t, t_dispatch)
-        t_dispatch = 0.0
-        codes = self._score(call, groups)
-        writes = slots.offer(codes)
-        buffers = self._write(buffers, call, writes, mesh)
-      if not slots.missing or round_ >= self.max_rounds:
-        break
-      filtered = float(np.mean(groups.cat("codes") != gf.INFORMATIVE))
-      round_ += 1
-      n = self.calls_for(slots.missing, filtered)
-      pending.extend(self.dispatch(params, key, stream_first, (sent + c) * self.call_prompts,
-                                   round_) for c in range(n))
-      sent += n
+      while slots.missing and left and len(pending) < IN_FLIGHT and (
+          not pending or self._expected(pending, groups) < slots.missing):
+        pending.append(self.dispatch(params, key, stream_first, sent * self.call_prompts,
+                                     round_))
+        sent, left = sent + 1, left - 1
+      if not pending:
+        if not slots.missing or round_ >= self.max_rounds:
+          break
+        filtered = float(np.mean(groups.cat("codes") != gf.INFORMATIVE))
+        round_, left = round_ + 1, self.calls_for(slots.missing, filtered)
+        continue
+      call = pending.popleft()
+      t = time.time()
+      jax.block_until_ready(call.rollout.tokens)
+      t_gen += time.time() - max(t, t_dispatch)
+      t_dispatch = 0.0
+      codes = self._score(call, groups)
+      buffers = self._write(buffers, call, slots.offer(codes), mesh)
+      if not slots.missing:
+        left = 0  # the round has found them: its calls not yet sent are not
     codes = groups.cat("codes")
     step_filtered = float(np.mean(codes != gf.INFORMATIVE))
     self.filtered = gf.FILTERED_DECAY * self.filtered + (1 - gf.FILTERED_DECAY) * step_filtered
     self.filtered_count += 1
     return self._assemble(buffers, slots, groups, stream_first, round_, sent, t_gen)
+
+  def _expected(self, pending, groups: Groups) -> float:
+    """Informative groups the calls in flight should bring: at this step's filtered fraction
+    so far (past steps' before any call is scored). A call is sent ahead only when they
+    should not be enough."""
+    f = (float(np.mean(groups.cat("codes") != gf.INFORMATIVE)) if groups.codes
+         else self.estimate())
+    return len(pending) * self.call_prompts * (1.0 - f)
 
   def _score(self, call: Call, groups: Groups) -> np.ndarray:
     """Score this process's rows of `call`, gather every process's, and classify the groups."""

@@ -50,7 +50,7 @@ class Begun:
   problems: list
   prompt_tokens: np.ndarray
   prompt_mask: np.ndarray
-  rollout: Any  # dynamic sampling: round 1's calls (refill.Call), else the step's Rollout
+  rollout: Any  # the step's Rollout; dynamic sampling: its first round (refill.Round)
   t_dispatch: float
   version: int  # updates the sampling weights had seen
   stream_first: int = 0  # the stream index of the step's first prompt

@@ -152,9 +152,19 @@ def test_the_stream_position_and_the_filtered_fraction_carry_over(mesh2, rules):
   again, _ = _refill([r for g in groups for r in g], mesh2, rules, oversample="auto")
   again.load(state)
   assert again.calls_for(4, again.estimate()) == 4
-  calls = refill.first_round(None, jax.random.key(0), 8)
-  assert len(calls) == 4 and sampler.calls[0].tolist() == [0, 1, 2, 3]  # rows of the step
-  assert [p.meta for p in calls[0].problems] == [8, 9]  # prompts from the stream position
+  first = refill.first_round(None, jax.random.key(0), 8)
+  assert first.planned == 4 and len(first.calls) == 2  # two in flight; the rest as they end
+  assert sampler.calls[0].tolist() == [0, 1, 2, 3]  # rows of the step
+  assert [p.meta for p in first.calls[0].problems] == [8, 9]  # from the stream position
+
+
+def test_a_round_stops_sending_calls_once_nothing_is_missing(mesh2, rules):
+  groups = [(1, 0)] * 40  # every group informative
+  refill, sampler = _refill([r for g in groups for r in g], mesh2, rules, oversample=4)
+  f = _run(refill)
+  # Round 1 plans 8 calls (4 x P prompts); the first two (in flight together) fill the step.
+  assert f.rounds == 1 and f.calls == 2 and len(sampler.calls) == 2
+  assert f.dropped_informative == 0 and f.trained.all()
 
 
 def test_a_call_must_hold_whole_groups(mesh2, rules):
