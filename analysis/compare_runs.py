@@ -3,6 +3,7 @@ target, as report.py measures them, without a study around them.
 
     python analysis/compare_runs.py runs/p16 runs/p64 --reference runs/p16 [--plot curves.png]
     python analysis/compare_runs.py runs/bi --only='seed=0$' --reference='runs/bi/p=64,seed=0'
+    python analysis/compare_runs.py runs/ds --x trained   # responses that entered an update
 
 For each run: B (responses per optimizer step, also in prompts; rlscale/plan/batch.py), effective lr,
 responses to target (the crossing of the monotone fit of its evaluations, rlscale/metrics/crossing.py:
@@ -14,6 +15,15 @@ below the reference's at equal responses seen; the critical training batch is th
 invariant B. With three or more batches that reached the target, E(B) = E_min (1 + B/B_crit) is
 fitted (analysis/fits.py) and printed with its diagnostics. One run per batch has no seeds to
 give intervals: use analysis/report.py on a sweep for those.
+
+--x is the sample axis every count of responses is on (curves, responses, steps and time to
+target, the plot): `generated` (default; responses_seen, every response sampled) or `trained`
+(responses_trained, those that entered an update; responses_seen for runs without it). Each
+printed line says it (sample_axis). Each run's line also gives its dynamic sampling setting
+(rollout.dynamic_sampling: groups whose rewards are all equal dropped and refilled; "filtered"
+in the plot) and its effective batch (the mean of rollout/effective_batch up to its crossing;
+null when not logged). Runs with and without dynamic sampling are compared as given: label
+them apart with --only.
 """
 
 from __future__ import annotations
@@ -27,15 +37,16 @@ import numpy as np
 from analysis import fits
 from analysis.arguments import at_least
 from analysis import study_table as st
-from analysis.runs import expand
+from analysis.runs import AXES, GENERATED, axis_label, expand
 
 
-def shortfall(run, ref, metric: str) -> float | None:
-  """How far `run`'s curve falls below `ref`'s at equal responses seen (negative: above)."""
+def shortfall(run, ref, metric: str, x: str = GENERATED) -> float | None:
+  """How far `run`'s curve falls below `ref`'s at equal responses on axis `x` (negative:
+  above)."""
   import pandas as pd
   def curve(r):
-    x, y = st.eval_curve(r, metric)
-    return pd.DataFrame({"responses_seen": x, "median": y})
+    at, y = st.eval_curve(r, metric, x)
+    return pd.DataFrame({"responses": at, "median": y})
   gap = st.curve_shortfall(curve(run), curve(ref))
   return None if np.isnan(gap) else gap
 
@@ -51,6 +62,9 @@ def main(argv=None):
                   help="how far below the reference's curve an invariant run may fall")
   ap.add_argument("--rtt_tolerance", type=at_least(0), default=0.2,
                   help="how many more responses to target than the reference's, as a fraction")
+  ap.add_argument("--x", choices=sorted(AXES), default=GENERATED,
+                  help="the sample axis: responses generated (responses_seen; default) or "
+                  "trained (responses_trained)")
   ap.add_argument("--plot", help="write the curves to this PNG (needs matplotlib)")
   args = ap.parse_args(argv)
   paths = expand(args.runs, args.only)
@@ -70,20 +84,24 @@ def main(argv=None):
     ap.error(f"--reference={args.reference}: {'; '.join(why)}")
   metric = args.metric or ref.config.get("target", {}).get("metric", "eval/accuracy_greedy")
   target = ref.config.get("target", {}).get("value", 0.6) if args.target is None else args.target
-  ref_rtt = st.responses_to_target(ref, metric, target)
-  ref_ttt = ref_rtt / st.steady_throughput(ref)
+  ax = args.x
+  ref_rtt = st.responses_to_target(ref, metric, target, ax)
+  ref_ttt = ref_rtt / st.steady_throughput(ref, ax)
   rows = []
   for run in sorted(runs, key=lambda r: r.batch):
-    rtt = st.responses_to_target(run, metric, target)
-    ttt = rtt / st.steady_throughput(run)
-    gap = shortfall(run, ref, metric)
+    rtt = st.responses_to_target(run, metric, target, ax)
+    ttt = rtt / st.steady_throughput(run, ax)
+    gap = shortfall(run, ref, metric, ax)
+    b_eff = st.effective_batch(run, rtt + st.warmup_responses(run, ax), ax)
     reached = np.isfinite(rtt) and np.isfinite(ref_rtt)
     invariant = bool(reached and rtt / ref_rtt <= 1 + args.rtt_tolerance
                      and (gap is None or gap <= args.band))
     rows.append(dict(
-        run=run.name, batch=run.batch, batch_prompts=run.plan.batch_prompts,
+        run=run.name, dynamic_sampling=run.dynamic_sampling, sample_axis=ax, batch=run.batch,
+        effective_batch=b_eff if np.isfinite(b_eff) else None,
+        batch_prompts=run.plan.batch_prompts,
         responses_per_step=run.responses_per_step, lr=st.lr_of(run),
-        optimizer_steps_to_target=run.optimizer_steps(rtt) if np.isfinite(rtt) else None,
+        optimizer_steps_to_target=run.optimizer_steps(rtt, ax) if np.isfinite(rtt) else None,
         responses_to_target=rtt if np.isfinite(rtt) else None,
         time_to_target=ttt if np.isfinite(ttt) else None,
         rtt_vs_ref=rtt / ref_rtt if reached else None,
@@ -102,8 +120,8 @@ def main(argv=None):
       if not r["invariant"]:
         break
       largest = r["batch"]
-  out = dict(metric=metric, target=target, band=args.band, rtt_tolerance=args.rtt_tolerance,
-             critical_training_batch=largest)
+  out = dict(metric=metric, target=target, sample_axis=ax, band=args.band,
+             rtt_tolerance=args.rtt_tolerance, critical_training_batch=largest)
   reached: dict[int, list] = {}
   for r in rows:
     if r["responses_to_target"] is not None:
@@ -117,13 +135,14 @@ def main(argv=None):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, axes = plt.subplots(figsize=(6, 4))
     for run in sorted(runs, key=lambda r: r.batch):
-      x, y = zip(*run.curve(metric)) if run.curve(metric) else ((), ())
-      ax.plot(x, y, marker="o", label=f"B={run.batch} responses/optimizer step")
-    ax.set_xlabel("responses seen")
-    ax.set_ylabel(metric)
-    ax.legend()
+      x, y = zip(*run.curve(metric, ax)) if run.curve(metric, ax) else ((), ())
+      axes.plot(x, y, marker="o", label=f"B={run.batch} responses/optimizer step"
+                + (" filtered" if run.dynamic_sampling else ""))
+    axes.set_xlabel(axis_label(ax))
+    axes.set_ylabel(metric)
+    axes.legend()
     fig.tight_layout()
     fig.savefig(args.plot, dpi=120)
 

@@ -2,10 +2,20 @@
 
     python analysis/report.py runs/study                 # writes runs/study/report/
     python analysis/report.py runs/bi runs/ppo --out report --target 0.6 --tolerance 0.1
+    python analysis/report.py runs/ds --x trained        # against responses that trained
 
 DIR is a sweep directory (sweep.json), a study directory (one sweep per stage), or run
 directories. Every point is listed, the ones not used (failed, unfinished) with their status and
 error. The sections and their formulas: DESIGN.md, "Analysis: what a study reports".
+
+--x chooses the sample axis of every curve, responses (steps, time) to target and figure
+against responses: `generated` (default; the metrics column responses_seen, every response
+sampled: the sample cost) or `trained` (responses_trained: those that entered an update, fewer
+with dynamic sampling, which drops groups whose rewards are all equal; responses_seen for runs
+that did not log it). report.md's definitions, the figures' axis labels and the CSVs'
+sample_axis column say which. Runs with rollout.dynamic_sampling on ("filtered") and off are
+separate configurations and series; the invariance verdict is stated against nominal B and
+against effective B (rollout/effective_batch, "not logged" for runs without it).
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from analysis import report_md
 from analysis.sections import decision, fitted, questions, rules, system
 from analysis.sections.types import Section
 from analysis import study_table
+from analysis.runs import AXES, GENERATED
 
 # Every section, most important first; the two marked `lead` (design, questions) are written
 # right after the verdict (report_md.write).
@@ -53,6 +64,9 @@ def parse(argv=None) -> argparse.Namespace:
   ap.add_argument("--fit_reps", type=int, default=500,
                   help="bootstrap reps of the fits' intervals (each one a refit)")
   ap.add_argument("--reference_batch", type=int, help="B0 (default: optim.reference_batch)")
+  ap.add_argument("--x", choices=sorted(AXES), default=GENERATED,
+                  help="the sample axis: responses generated (responses_seen; default) or "
+                  "trained (responses_trained)")
   return ap.parse_args(argv)
 
 
@@ -76,7 +90,8 @@ def main(argv=None) -> int:
   args = parse(argv)
   opts = study_table.Options(metric=args.metric, target=args.target, targets=args.targets,
                              tolerance=args.tolerance, band=args.band, reps=args.reps,
-                             fit_reps=args.fit_reps, reference_batch=args.reference_batch)
+                             fit_reps=args.fit_reps, reference_batch=args.reference_batch,
+                             x=args.x)
   if not args.out and len(args.dirs) > 1:
     print("report.py: error: --out is needed with several DIRs", file=sys.stderr)
     return 2
@@ -93,10 +108,11 @@ def main(argv=None) -> int:
   for sec in sections:
     for fig in sec.figures:
       figures.save(fig.draw(fig.data), fig.data, out, fig.stem)
-  study.runs.drop(columns=["path"]).to_csv(os.path.join(out, "runs.csv"), index=False)
+  study.runs.drop(columns=["path"]).assign(sample_axis=args.x).to_csv(
+      os.path.join(out, "runs.csv"), index=False)
   if not table.empty:
-    report_md.interval_columns(table).to_csv(os.path.join(out, "configurations.csv"),
-                                             index=False)
+    report_md.interval_columns(table).assign(sample_axis=args.x).to_csv(
+        os.path.join(out, "configurations.csv"), index=False)
   path = report_md.write(study, sections, out)
   print(f"wrote {path} ({time.time() - start:.1f} s)", file=sys.stderr)
   return 0

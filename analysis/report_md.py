@@ -98,9 +98,22 @@ def _definitions(study) -> list[str]:
   cover = ", ".join(f"{stats.median_interval(range(n)).coverage:.0%} at n={n}"
                     for n in seeds if n >= 2)
   ratio = ", ".join(f"{stats.ratio_coverage(n, n):.0%} at n={n}" for n in seeds if n >= 2)
+  axis = {"generated": "responses generated (`responses_seen`: the sample cost, every response "
+                       "sampled, whether or not it entered an update)",
+          "trained": "responses trained (`responses_trained`: those that entered an update; "
+                     "`responses_seen` for runs that did not log it, which trained on every "
+                     "response they generated)"}[o.x]
   return [
       f"- **Metric** `{study.metric}`, **target** {num(study.target)} ({study.target_note}).",
-      "- **B** = responses per optimizer step (P×G/num_minibatches; also given in prompts).",
+      f"- **Sample axis** (--x {o.x}): every count of responses in this report (curves, "
+      f"responses, steps and time to target, every figure against responses) is {axis}.",
+      "- **B** = responses per optimizer step (P×G/num_minibatches; also given in prompts). "
+      "**Effective B** = the mean of `rollout/effective_batch` (informative responses per "
+      "optimizer step: rows of groups whose advantage is not all zero) over a run's steps up "
+      "to its crossing (all of them when it does not cross), median over seeds; 'not logged' "
+      "for runs without it. Runs with dynamic sampling (`rollout.dynamic_sampling`: groups "
+      "without signal dropped and refilled; 'filtered') and without it are separate "
+      "configurations and series.",
       "- **Configuration** = kind, P, G, mini-batches, the actor's effective learning rate and "
       "the other config values that vary across runs and change the computation: "
       + (", ".join(f"`{k}`" for k in study.varying) or "(none)") + ". Seeds, evaluation "
@@ -123,7 +136,7 @@ def _definitions(study) -> list[str]:
       "of responses per step / (time/step − time/eval − time/checkpoint)).",
       f"- **Invariant** B (one-sided): it needs at most (1 + {o.tolerance:g})× the reference's "
       f"responses to target and its median curve is nowhere more than {o.band:g} below the "
-      "reference's at equal responses seen (a faster or higher curve is not a break); the "
+      "reference's at equal responses (a faster or higher curve is not a break); the "
       "largest invariant B is the largest reached from B0 through invariant batches only. "
       "The sensitivity table varies tolerance, band and target.",
   ] + [f"- **Learning rate**: {n}." for n in study.lr_notes]

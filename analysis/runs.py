@@ -1,4 +1,11 @@
-"""Reading run directories: config.json, metrics.jsonl, summary.json."""
+"""Reading run directories: config.json, metrics.jsonl, summary.json.
+
+A run has two sample axes (DESIGN.md, "Analysis"): the responses it *generated*
+(`responses_seen`, the sample cost) and the responses it *trained* on (`responses_trained`:
+with dynamic sampling, rollout.dynamic_sampling, groups whose rewards are all equal are dropped
+and the step refilled, so a step generates more than it trains on). Every curve, crossing and
+rate against responses reads its axis through `responses` below, named by one of AXES.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +15,29 @@ import os
 import re
 from typing import Any
 
+import numpy as np
+
 from rlscale.config import defaults
 from rlscale.metrics.rows import read_rows
 from rlscale.sweep.manifest import run_done
+
+AXES = {"generated": "responses_seen", "trained": "responses_trained"}  # axis -> column
+GENERATED = "generated"
+
+
+def axis_label(x: str) -> str:
+  """'responses generated' or 'responses trained': what a figure's x axis or a table's
+  responses count."""
+  return f"responses {x}"
+
+
+def responses(row: dict[str, Any], x: str = GENERATED) -> float | None:
+  """The row's cumulative responses on axis `x` (AXES); None when it logged none. A run from
+  before `responses_trained` existed trained on every response it generated."""
+  v = row.get(AXES[x])
+  if x == "trained" and not isinstance(v, (int, float)):
+    v = row.get(AXES[GENERATED])
+  return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 @dataclasses.dataclass
@@ -39,14 +66,58 @@ class Run:
     """B: responses per optimizer step, the batch of every comparison (DESIGN.md)."""
     return self.plan.batch
 
-  def optimizer_steps(self, responses: int) -> float:
-    """The actor's optimizer steps taken by the time `responses` were seen."""
-    return responses / self.plan.responses * self.plan.main.optimizer_steps
+  @property
+  def dynamic_sampling(self) -> bool:
+    """rollout.dynamic_sampling (filled in at load: False before it existed; an SFT run has no
+    rollout section)."""
+    return bool(self.config.get("rollout", {}).get("dynamic_sampling"))
 
-  def curve(self, metric: str) -> list[tuple[int, float]]:
-    """(responses_seen, value) at every step that logged `metric`."""
-    return [(r["responses_seen"], float(r[metric])) for r in self.rows
-            if isinstance(r.get(metric), (int, float))]
+  def steps_at(self, at: float, x: str = GENERATED) -> float:
+    """RL steps taken by the time `at` responses on axis `x` were reached: at / responses per
+    step without dynamic sampling (every step generates and trains on plan.responses), else
+    interpolated between the logged steps (a step generates as many rounds as it needs)."""
+    if not self.dynamic_sampling:
+      return at / self.plan.responses
+    pts = {}
+    for r in self.rows:
+      v = responses(r, x)
+      if v is not None and isinstance(r.get("step"), (int, float)):
+        pts[float(v)] = float(r["step"])  # a resumed run's repeated step: the last one
+    if len(pts) < 2:
+      return at / self.plan.responses
+    xs = sorted(pts)
+    return float(np.interp(at, xs, [pts[v] for v in xs]))
+
+  def optimizer_steps(self, at: float, x: str = GENERATED) -> float:
+    """The actor's optimizer steps taken by the time `at` responses on axis `x` were reached."""
+    return self.steps_at(at, x) * self.plan.main.optimizer_steps
+
+  def curve(self, metric: str, x: str = GENERATED) -> list[tuple[float, float]]:
+    """(responses on axis `x`, value) at every step that logged `metric`."""
+    out = []
+    for r in self.rows:
+      v = responses(r, x)
+      if v is not None and isinstance(r.get(metric), (int, float)):
+        out.append((v, float(r[metric])))
+    return out
+
+  def step_responses(self, x: str = GENERATED) -> dict[int, float]:
+    """Step -> the responses on axis `x` that step added: plan.responses without dynamic
+    sampling, else the difference from the step before (plan.responses where the rows do not
+    give it)."""
+    by_step = {}
+    for r in self.rows:
+      if isinstance(r.get("step"), (int, float)):
+        by_step[int(r["step"])] = responses(r, x)
+    per_step = self.plan.responses  # the plan is built anew at each access
+    if not self.dynamic_sampling:
+      return {step: per_step for step in by_step}
+    out = {}
+    for step, v in by_step.items():
+      prev = by_step.get(step - 1)
+      d = v - prev if v is not None and prev is not None else None
+      out[step] = d if d is not None and d >= 0 else per_step
+    return out
 
   def last(self, metric: str):
     values = [r[metric] for r in self.rows if metric in r]

@@ -5,7 +5,9 @@ A series maps B to one configuration of one kind at its main G, with a reference
   configuration with the fewest median responses to target among those run at that B;
 - "fixed lr X": the configurations run at one lr X at B0 and at other batches (a fixed rate);
 - "<rule> from lr X": runs whose lr followed a scaling rule (sqrt, linear) from a base lr X.
-Only verdict configurations (stats over seeds no stage chose with) enter a series.
+Only verdict configurations (stats over seeds no stage chose with) enter a series. Runs with
+dynamic sampling (rollout.dynamic_sampling: groups without signal dropped and refilled) and
+without it make separate series; the former's names end in "filtered".
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class Series:
   reference: str  # the configuration at B0 (or the closest B, said in `note`)
   b0: int
   note: str = ""
+  filtered: bool = False  # dynamic sampling on (the name ends in " filtered")
 
   def rows(self, table: pd.DataFrame) -> pd.DataFrame:
     """The series' rows of the configuration table, by B."""
@@ -64,16 +67,23 @@ def _reference(kind: str, name: str, configs: dict[int, str], b0: float) -> Seri
 
 
 def series(study: st.Study, table: pd.DataFrame) -> list[Series]:
-  """Every series of the study's verdict configurations, "best lr" first per kind."""
+  """Every series of the study's verdict configurations, "best lr" first per kind, without
+  dynamic sampling before with it."""
   out = []
   for kind in sorted(table.kind.unique()):
     g = st.main_group_size(table, kind)
-    d = table[(table.kind == kind) & (table.G == g) & (table.tuning_seeds == 0)]
-    if d.empty:
-      continue
-    d = d[d.num_minibatches == d.num_minibatches.mode().iloc[0]]
-    b0 = float(d.B0.mode().iloc[0]) if d.B0.notna().any() else float(d.B.min())
-    out += _best(study, kind, d, b0) + _fixed(kind, d, b0) + _rules(study, kind, d, b0)
+    at_g = table[(table.kind == kind) & (table.G == g) & (table.tuning_seeds == 0)]
+    filtered = at_g.dynamic_sampling.fillna(False).astype(bool)
+    for on in (False, True):
+      d = at_g[filtered == on]
+      if d.empty:
+        continue
+      d = d[d.num_minibatches == d.num_minibatches.mode().iloc[0]]
+      b0 = float(d.B0.mode().iloc[0]) if d.B0.notna().any() else float(d.B.min())
+      ss = _best(study, kind, d, b0) + _fixed(kind, d, b0) + _rules(study, kind, d, b0)
+      for s in ss:
+        s.name, s.filtered = (f"{s.name} filtered", True) if on else (s.name, False)
+      out += ss
   return out
 
 

@@ -6,15 +6,20 @@ A DIR is a sweep directory (sweep.json: every point, whatever its status), a stu
 pending, unfinished, malformed) keeps its row with the reason in `problem`, so the report lists
 it.
 
-What the rows measure (DESIGN.md, "Analysis: what a study reports"):
+What the rows measure (DESIGN.md, "Analysis: what a study reports"), every count of responses
+on the study's sample axis (Options.x, analysis/runs.py AXES: responses generated, the sample
+cost, or responses trained, those that entered an update):
 - responses to target: the crossing of the monotone fit of the run's raw evaluations
   (rlscale/metrics/crossing.py), less a PPO critic's warm-up responses (the actor did not train in
   them; stated beside); never smoothed over evaluations, so it does not depend on how often a
   run evaluates;
 - the run's learning rate is the actor's effective one (its base lr through its scaling
   rule), so a configuration is (kind, P, G, mini-batches, lr, ...) however its lr was set;
+- the effective batch: the mean of `rollout/effective_batch` (informative responses per
+  optimizer step of the actor) over the run's steps up to its crossing (all of them when it does
+  not cross); a configuration's is the median over its seeds, NaN when its runs did not log it;
 - B_simple at the crossing: the raw noise-scale estimates of the steps around the crossing
-  (responses seen within [1/2, 3/2] of it), prompt-level (B in prompts, x G to responses) when
+  (responses within [1/2, 3/2] of it), prompt-level (B in prompts, x G to responses) when
   the run measured it: the response-level estimate is biased low when the G responses of a
   group share a prompt (rlscale/rl/noise_scale.py). Each run keeps its mean |G|^2 and tr(Sigma)
   estimates; a report pools them over runs as a ratio of means (noise_scale's EMAs do so over
@@ -36,7 +41,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.runs import Run
+from analysis import runs as runs_lib
+from analysis.runs import GENERATED, Run, axis_label
 from analysis import stats
 from rlscale.sweep.manifest import run_done
 from rlscale.config import defaults
@@ -60,6 +66,7 @@ class Options:
   reference_batch: int | None = None  # B0 (None: the runs' optim.reference_batch)
   min_steps: int = 10  # fewer optimizer steps to target: a transient, flagged
   seed: int = 0
+  x: str = GENERATED  # the sample axis (analysis/runs.py AXES): "generated" or "trained"
 
 
 @dataclasses.dataclass
@@ -197,70 +204,100 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
   return out
 
 
-def eval_curve(run: Run, metric: str) -> tuple[np.ndarray, np.ndarray]:
-  """(responses_seen, metric) at the evaluation steps, finite values only, the last of a
-  repeated responses_seen (a resumed run) kept."""
-  pts = {float(x): y for x, y in run.curve(metric) if math.isfinite(y)}
+def eval_curve(run: Run, metric: str, x: str = GENERATED) -> tuple[np.ndarray, np.ndarray]:
+  """(responses on axis `x`, metric) at the evaluation steps, finite values only, the last of a
+  repeated count (a resumed run) kept."""
+  pts = {float(v): y for v, y in run.curve(metric, x) if math.isfinite(y)}
   if not pts:
     return np.zeros(0), np.zeros(0)
-  x = np.array(sorted(pts))
-  return x, np.array([pts[v] for v in x])
+  xs = np.array(sorted(pts))
+  return xs, np.array([pts[v] for v in xs])
 
 
-def warmup_responses(run: Run) -> int:
-  """Responses a PPO actor did not train on while its critic warmed up (0 for the others)."""
+def warmup_steps(run: Run) -> int:
+  """Steps in which a PPO actor did not train while its critic warmed up (0 for the others)."""
   critic = run.config.get("critic")
   if not isinstance(critic, dict) or "critic" not in run.plan.models:
     return 0
-  return int(critic.get("warmup_steps") or 0) * run.plan.responses
+  return int(critic.get("warmup_steps") or 0)
 
 
-def responses_to_target(run: Run, metric: str, target: float) -> float:
-  """Responses the actor trained on until the monotone fit of its evaluations reached
-  `target` (rlscale/metrics/crossing.py); +inf when never reached."""
-  x, y = eval_curve(run, metric)
-  if x.size == 0:
+def warmup_responses(run: Run, x: str = GENERATED) -> float:
+  """Responses on axis `x` a PPO actor did not train on while its critic warmed up (0 for the
+  others): warm-up steps x responses per step, or with dynamic sampling the count its rows
+  logged at the warm-up's last step."""
+  steps = warmup_steps(run)
+  if run.dynamic_sampling and steps:
+    logged = [runs_lib.responses(r, x) for r in run.rows if r.get("step") == steps]
+    if logged and logged[-1] is not None:
+      return logged[-1]
+  return steps * run.plan.responses
+
+
+def responses_to_target(run: Run, metric: str, target: float, x: str = GENERATED) -> float:
+  """Responses on axis `x` the actor trained through until the monotone fit of its
+  evaluations reached `target` (rlscale/metrics/crossing.py); +inf when never reached."""
+  xs, y = eval_curve(run, metric, x)
+  if xs.size == 0:
     return math.inf
-  return max(crossing.first_crossing(x, y, target) - warmup_responses(run), 0.0)
+  return max(crossing.first_crossing(xs, y, target) - warmup_responses(run, x), 0.0)
 
 
-def steady_throughput(run: Run) -> float:
-  """Responses per second of a step net of evaluation and checkpointing, median over steps >= 2
-  (step 1 carries the compilation) past any critic warm-up (steps in which the actor does not
-  train are faster, and more of them at a smaller batch)."""
-  per_step = run.responses_per_step
-  first = max(2, warmup_responses(run) // max(per_step, 1) + 1)
+def steps_to_target(run: Run, rtt: float, x: str = GENERATED) -> float:
+  """The actor's optimizer steps in `rtt` responses to target on axis `x`; inf when never."""
+  return run.optimizer_steps(rtt, x) if math.isfinite(rtt) else math.inf
+
+
+def effective_batch(run: Run, cross_at: float, x: str = GENERATED) -> float:
+  """The mean of `rollout/effective_batch` (informative responses per optimizer step of the
+  actor) over the steps up to the one in which the run crossed its target at `cross_at`
+  responses on axis `x` (all its steps when inf); NaN when the run did not log it."""
+  last = math.ceil(run.steps_at(cross_at, x) - 1e-9) if math.isfinite(cross_at) else math.inf
+  by_step = {r["step"]: r["rollout/effective_batch"] for r in run.rows
+             if isinstance(r.get("step"), (int, float)) and 1 <= r["step"] <= last
+             and isinstance(r.get("rollout/effective_batch"), (int, float))}
+  return float(np.mean(list(by_step.values()))) if by_step else math.nan
+
+
+def steady_throughput(run: Run, x: str = GENERATED) -> float:
+  """Responses on axis `x` per second of a step net of evaluation and checkpointing, median
+  over steps >= 2 (step 1 carries the compilation) past any critic warm-up (steps in which the
+  actor does not train are faster, and more of them at a smaller batch)."""
+  per_step, nominal = run.step_responses(x), run.responses_per_step
+  first = max(2, warmup_steps(run) + 1)
   rates = []
   for r in run.rows:
     if r.get("step", 0) < first or not isinstance(r.get("time/step"), (int, float)):
       continue
     t = r["time/step"] - (r.get("time/eval") or 0) - (r.get("time/checkpoint") or 0)
     if t > 0:
-      rates.append(per_step / t)
+      rates.append(per_step.get(int(r["step"]), nominal) / t)
   return float(np.median(rates)) if rates else math.nan
 
 
-def b_simple_at(run: Run, at: float, unit: str, model: str = "actor") -> float:
+def b_simple_at(run: Run, at: float, unit: str, model: str = "actor",
+                x: str = GENERATED) -> float:
   """B_simple in responses at the crossing `at`: b_simple_in over [at/2, 3 at/2]."""
-  return ratio_of_means(*noise_at(run, at, unit, model))
+  return ratio_of_means(*noise_at(run, at, unit, model, x))
 
 
-def noise_at(run: Run, at: float, unit: str, model: str = "actor"):
+def noise_at(run: Run, at: float, unit: str, model: str = "actor", x: str = GENERATED):
   """noise_in over [at/2, 3 at/2] of the crossing `at` ((nan, nan, 1) without a crossing)."""
   if not math.isfinite(at) or at <= 0:
     return math.nan, math.nan, 1
-  return noise_in(run, at / 2, 1.5 * at, unit, model)
+  return noise_in(run, at / 2, 1.5 * at, unit, model, x)
 
 
-def noise_in(run: Run, lo: float, hi: float, unit: str, model: str = "actor"):
-  """(mean |G|^2 estimate, mean tr(Sigma) estimate, G or 1) over the steps whose responses_seen
-  lies in [lo, hi]: the raw two-batch estimates of `unit` (rlscale/rl/noise_scale.py), and the
-  factor that turns B in prompts into responses; nan means without estimates there."""
+def noise_in(run: Run, lo: float, hi: float, unit: str, model: str = "actor",
+             x: str = GENERATED):
+  """(mean |G|^2 estimate, mean tr(Sigma) estimate, G or 1) over the steps whose responses on
+  axis `x` lie in [lo, hi]: the raw two-batch estimates of `unit` (rlscale/rl/noise_scale.py),
+  and the factor that turns B in prompts into responses; nan means without estimates there."""
   key = f"{model}/noise_{unit}"
   g2, tr = [], []
   for r in run.rows:
-    x = r.get("responses_seen")
-    if (isinstance(x, (int, float)) and lo <= x <= hi
+    at = runs_lib.responses(r, x)
+    if (at is not None and lo <= at <= hi
         and isinstance(r.get(f"{key}/grad_sq_est"), (int, float))
         and isinstance(r.get(f"{key}/trace_est"), (int, float))):
       g2.append(r[f"{key}/grad_sq_est"])
@@ -279,9 +316,10 @@ def ratio_of_means(g2: float, tr: float, per: float = 1) -> float:
   return tr / g2 * per if g2 > 0 else math.inf
 
 
-def b_simple_in(run: Run, lo: float, hi: float, unit: str, model: str = "actor") -> float:
+def b_simple_in(run: Run, lo: float, hi: float, unit: str, model: str = "actor",
+                x: str = GENERATED) -> float:
   """B_simple in responses from the raw estimates of the steps in [lo, hi] (ratio_of_means)."""
-  return ratio_of_means(*noise_in(run, lo, hi, unit, model))
+  return ratio_of_means(*noise_in(run, lo, hi, unit, model, x))
 
 
 def lr_of(run: Run) -> float:
@@ -335,6 +373,11 @@ class Study:
     return ok[(ok.role == "verdict") | ~ok.config.isin(has)]
 
 
+def x_label(study: Study) -> str:
+  """What the study's responses count: 'responses generated' or 'responses trained'."""
+  return axis_label(study.opts.x)
+
+
 def _row(point: Point, run: Run | None, warnings: list[str], tuning: set[str]
          ) -> dict[str, Any]:
   rid = f"{point.stage}/{point.name}" if point.stage else point.name
@@ -350,7 +393,8 @@ def _row(point: Point, run: Run | None, warnings: list[str], tuning: set[str]
   except Exception as e:  # noqa: BLE001 - a bad config is listed, not raised
     return dict(row, problem=problem or f"config: {str(e).splitlines()[-1].strip()}")
   optim_cfg = run.config.get("optim", {})
-  row.update(kind=run.config.get("kind"), seed=run.config.get("seed"), P=plan.num_prompts,
+  row.update(kind=run.config.get("kind"), seed=run.config.get("seed"),
+             dynamic_sampling=run.dynamic_sampling, P=plan.num_prompts,
              G=plan.group_size, responses_per_step=plan.responses, B=plan.batch,
              B_prompts=plan.batch_prompts, num_minibatches=plan.main.num_minibatches,
              lr=float(f"{lr:.4g}"), lr_rule=optim_cfg.get("lr_scaling", "none"),
@@ -463,41 +507,50 @@ def _add_config_columns(study: Study):
       labels.append("")
       continue
     configs.append(",".join([f"{k}={f.get(k)}" for k in varying] + [f"lr={row.lr:.4g}"]))
-    extra = "".join(f" {k.split('.')[-1]}={f.get(k)}" for k in shown)
+    extra = "".join(_shown(k, f.get(k)) for k in shown)
     mb = f" mb={row.num_minibatches}" if runs.num_minibatches.nunique() > 1 else ""
     labels.append(f"{row.kind} P={row.P} G={row.G}{mb} B={row.B} lr={row.lr:.3g}"
                   + (f" chips={row.chips}" if runs.chips.nunique() > 1 else "") + extra)
   runs["config"], runs["label"] = configs, labels
 
 
+def _shown(key: str, value) -> str:
+  """A varying field in a configuration's label: ' name=value'; dynamic sampling as
+  ' filtered' when on (its groups without signal dropped and refilled), nothing when off."""
+  if key == "rollout.dynamic_sampling":
+    return " filtered" if value else ""
+  return f" {key.split('.')[-1]}={value}"
+
+
 def _add_outcomes(study: Study):
-  runs, m, t = study.runs, study.metric, study.target
+  runs, m, t, ax = study.runs, study.metric, study.target, study.opts.x
   cols = {k: [] for k in ("n_eval", "base", "final", "peak", "responses_to_target",
-                          "bracket", "steps_to_target", "throughput", "time_to_target",
+                          "bracket", "steps_to_target", "effective_B", "throughput",
+                          "time_to_target",
                           "b_simple_prompts", "b_simple_responses", "g2_prompts",
                           "trace_prompts", "g2_responses", "trace_responses",
                           "drop_after_target")}
   for row in runs.itertuples():
     run = study.records.get(row.run)
     planned = run is not None and pd.notna(getattr(row, "lr", np.nan))
-    x, y = eval_curve(run, m) if planned else (np.zeros(0),) * 2
+    x, y = eval_curve(run, m, ax) if planned else (np.zeros(0),) * 2
     ok = planned and x.size > 0
-    rtt = responses_to_target(run, m, t) if ok else math.nan
-    thr = steady_throughput(run) if ok else math.nan
+    rtt = responses_to_target(run, m, t, ax) if ok else math.nan
+    thr = steady_throughput(run, ax) if ok else math.nan
     br = crossing.bracket(x, y, t) if ok else None
-    cross_at = rtt + (warmup_responses(run) if ok else 0)
+    cross_at = rtt + (warmup_responses(run, ax) if ok else 0)
     cols["n_eval"].append(int(x.size))
     cols["base"].append(float(y[0]) if ok else math.nan)
     cols["final"].append(float(y[-1]) if ok else math.nan)
     cols["peak"].append(float(y.max()) if ok else math.nan)
     cols["responses_to_target"].append(rtt)
     cols["bracket"].append((br[1] - br[0]) if br else math.nan)
-    cols["steps_to_target"].append(run.optimizer_steps(rtt) if ok and math.isfinite(rtt)
-                                   else (math.inf if ok else math.nan))
+    cols["steps_to_target"].append(steps_to_target(run, rtt, ax) if ok else math.nan)
+    cols["effective_B"].append(effective_batch(run, cross_at, ax) if ok else math.nan)
     cols["throughput"].append(thr)
     cols["time_to_target"].append(rtt / thr if ok and thr > 0 else math.nan)
     for unit in ("prompts", "responses"):
-      g2, tr, per = noise_at(run, cross_at, unit) if ok else (math.nan, math.nan, 1)
+      g2, tr, per = noise_at(run, cross_at, unit, x=ax) if ok else (math.nan, math.nan, 1)
       cols[f"b_simple_{unit}"].append(ratio_of_means(g2, tr, per))
       cols[f"g2_{unit}"].append(g2)
       cols[f"trace_{unit}"].append(tr * per if not math.isnan(tr) else math.nan)
@@ -544,31 +597,33 @@ def seed_values(study: Study, config: str, column: str = "responses_to_target",
       "responses_to_target", "time_to_target", "steps_to_target"):
     out = []
     for r in rows.itertuples():
-      rtt = responses_to_target(study.records[r.run], study.metric, target)
+      run = study.records[r.run]
+      rtt = responses_to_target(run, study.metric, target, study.opts.x)
       out.append({"responses_to_target": rtt,
                   "time_to_target": rtt / r.throughput if r.throughput > 0 else math.nan,
-                  "steps_to_target": study.records[r.run].optimizer_steps(rtt)
-                  if math.isfinite(rtt) else math.inf}[column])
+                  "steps_to_target": steps_to_target(run, rtt, study.opts.x)}[column])
     v = np.asarray(out, float)
   else:
     v = rows[column].to_numpy(float)
   return v[~np.isnan(v)]
 
 
-_DESCRIBE = ["label", "kind", "P", "G", "responses_per_step", "B", "B_prompts", "num_minibatches",
-             "lr", "lr_rule", "chips", "B0", "warmup"]
+_DESCRIBE = ["label", "kind", "dynamic_sampling", "P", "G", "responses_per_step", "B", "B_prompts",
+             "num_minibatches", "lr", "lr_rule", "chips", "B0", "warmup"]
 
 
 def config_table(study: Study, target: float | None = None) -> pd.DataFrame:
   """One row per configuration (its verdict seeds): responses, steps and time to target with
   their intervals (stats.median_interval: n and coverage beside them), final value,
-  throughput, B_simple at the crossing, how many of its seeds are tuning seeds."""
+  throughput, the effective batch (median over seeds), B_simple at the crossing, how many of
+  its seeds are tuning seeds."""
   used = study.verdict_runs()
   if used.empty:
     return pd.DataFrame()
   first = used.groupby("config").first()
   agg = used.groupby("config").agg(
       n_seeds=("run", "size"), throughput=("throughput", "median"),
+      effective_B=("effective_B", "median"),
       responses=("responses_seen", "max"), tuning_seeds=("role", lambda r: (r == "tuning").sum()),
       max_drop=("drop_after_target", "max"))
   table = first[_DESCRIBE].join(agg)
@@ -591,34 +646,35 @@ def main_group_size(table: pd.DataFrame, kind: str) -> int:
 
 def config_curve(study: Study, config: str, runs: pd.DataFrame | None = None) -> pd.DataFrame:
   """The configuration's curve over its verdict seeds: the median and range at the responses
-  seen where every seed has been evaluated (each seed interpolated between its evaluations)."""
+  (on the study's axis) where every seed has been evaluated (each seed interpolated between its
+  evaluations)."""
   runs = study.verdict_runs() if runs is None else runs
   ids = list(runs[runs.config == config].run)
-  curves = [eval_curve(study.records[i], study.metric) for i in ids]
+  curves = [eval_curve(study.records[i], study.metric, study.opts.x) for i in ids]
   curves = [c for c in curves if c[0].size]
   if not curves:
-    return pd.DataFrame(columns=["responses_seen", "median", "lo", "hi", "seeds"])
+    return pd.DataFrame(columns=["responses", "median", "lo", "hi", "seeds"])
   x = max(curves, key=lambda c: c[0].size)[0]
   ys = np.array([np.where((x >= cx[0]) & (x <= cx[-1]), np.interp(x, cx, cy), np.nan)
                  for cx, cy in curves])
   with np.errstate(all="ignore"):
-    return pd.DataFrame({"responses_seen": x, "median": np.nanmedian(ys, 0),
+    return pd.DataFrame({"responses": x, "median": np.nanmedian(ys, 0),
                          "lo": np.nanmin(ys, 0), "hi": np.nanmax(ys, 0), "seeds": len(curves)})
 
 
 def curve_shortfall(curve: pd.DataFrame, ref: pd.DataFrame, points: int = 16) -> float:
-  """How far a median curve falls *below* the reference's at equal responses seen: the largest
+  """How far a median curve falls *below* the reference's at equal responses: the largest
   ref - curve over `points` evenly spaced responses in the span both cover (each curve
   interpolated between its evaluations). Negative when the curve is above everywhere; a curve
   above the reference is not a break (DESIGN.md, "Invariance")."""
   if curve.empty or ref.empty:
     return math.nan
-  lo = max(curve.responses_seen.min(), ref.responses_seen.min())
-  hi = min(curve.responses_seen.max(), ref.responses_seen.max())
+  lo = max(curve.responses.min(), ref.responses.min())
+  hi = min(curve.responses.max(), ref.responses.max())
   if not hi > lo:
     return math.nan
   x = np.linspace(lo, hi, points)
-  a = np.interp(x, curve.responses_seen, curve["median"])
-  b = np.interp(x, ref.responses_seen, ref["median"])
+  a = np.interp(x, curve.responses, curve["median"])
+  b = np.interp(x, ref.responses, ref["median"])
   keep = np.isfinite(a) & np.isfinite(b)
   return float(np.max(b[keep] - a[keep])) if keep.any() else math.nan

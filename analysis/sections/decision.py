@@ -36,8 +36,9 @@ def decision(study: st.Study, table: pd.DataFrame) -> Section:
   table = table.assign(ttt_ratio_iv=ratios)
   show = pd.DataFrame({
       "configuration": table.label, "seeds": table.n_seeds,
-      "B (prompts)": table.B_prompts,
-      "responses to target": [iv(r.rtt_iv, final=r.final) for r in table.itertuples()],
+      "B (prompts)": table.B_prompts, "effective B": table.effective_B.map(effective),
+      f"{st.x_label(study)} to target": [iv(r.rtt_iv, final=r.final)
+                                          for r in table.itertuples()],
       "steps to target": [iv(r.steps_iv) for r in table.itertuples()],
       "time to target": [_ttt(r) for r in table.itertuples()],
       "time vs ref": [iv(r.ttt_ratio_iv, "×") for r in table.itertuples()],
@@ -48,7 +49,9 @@ def decision(study: st.Study, table: pd.DataFrame) -> Section:
   if table.warmup.fillna(0).gt(0).any():
     show.insert(2, "critic warm-up", table.warmup)
   sec.tables.append(("Per configuration (median over seeds [interval] (seeds, coverage of "
-                     "the interval); time ratios to the kind's reference)", show))
+                     "the interval); time ratios to the kind's reference; effective B: "
+                     "informative responses per optimizer step up to the crossing, median over "
+                     "seeds)", show))
   sec.verdict.append(_fastest(study, table, refs))
   sec.text.append("References: " + "; ".join(f"{k}: {table[table.config == c].label.iloc[0]}"
                                              for k, c in refs.items() if c) + ".")
@@ -59,6 +62,11 @@ def decision(study: st.Study, table: pd.DataFrame) -> Section:
   if fig:
     sec.figures.append(fig)
   return sec
+
+
+def effective(v) -> str:
+  """An effective B for people; 'not logged' for runs without rollout/effective_batch."""
+  return "not logged" if pd.isna(v) else num(v)
 
 
 def _fastest(study: st.Study, table: pd.DataFrame, refs: dict) -> str:
@@ -90,13 +98,16 @@ def _heatmap(table: pd.DataFrame) -> Figure | None:
   if grpo.empty:
     return None
   d = grpo.sort_values("ttt").groupby(["P", "G"], as_index=False).first()
+  both = grpo.dynamic_sampling.fillna(False).astype(bool).nunique() > 1
   data = pd.DataFrame({"P": d.P.astype(int), "G": d.G.astype(int), "time_to_target_s": d.ttt,
                        "configuration": d.label,
                        "text": [("not\nreached" if math.isinf(v) else f"{num(v)} s")
                                 for v in d.ttt]})
   return Figure("1_time_to_target_PxG",
                 "Time to target (s, median over seeds) of GRPO per prompts P × responses per "
-                "prompt G (the fastest learning rate per cell).\nLower is better; equal P×G lie "
+                "prompt G (the fastest learning rate per cell"
+                + (", with or without dynamic sampling: the CSV's configuration says which"
+                   if both else "") + ").\nLower is better; equal P×G lie "
                 "on anti-diagonals; empty cells were not run or never reached the target.",
                 data, functools.partial(figures.heatmap, value="time_to_target_s",
                                         title="GRPO time to target"))
@@ -127,7 +138,8 @@ def invariance_rows(study: st.Study, table: pd.DataFrame, tolerance: float, band
       steps = st.seed_values(study, c, "steps_to_target", target)
       steps_med = float(np.median(steps)) if steps.size else math.nan
       within = bool(np.isfinite(q.point) and q.point <= 1 + tolerance)
-      out.append(dict(kind=s.kind, series=s.name, B=int(b), config=c, label=row.label,
+      out.append(dict(kind=s.kind, series=s.name, B=int(b), B_eff=float(row.effective_B),
+                      config=c, label=row.label,
                       seeds=int(row.n_seeds), is_reference=c == s.reference, ratio=q,
                       reference_reached=reached,
                       ratio_within=within, shortfall=short,
@@ -136,20 +148,19 @@ def invariance_rows(study: st.Study, table: pd.DataFrame, tolerance: float, band
   return pd.DataFrame(out)
 
 
-def largest_invariant(rows: pd.DataFrame) -> tuple[int, int]:
-  """(smallest, largest) B reached from the reference through invariant batches only."""
-  rows = rows.sort_values("B")
-  b_ref = int(rows[rows.is_reference].B.iloc[0])
-  up = down = b_ref
-  for r in rows[rows.B > b_ref].itertuples():
-    if not r.invariant:
-      break
-    up = r.B
-  for r in rows[rows.B < b_ref].iloc[::-1].itertuples():
-    if not r.invariant:
-      break
-    down = r.B
-  return int(down), int(up)
+def largest_invariant(rows: pd.DataFrame, by: str = "B") -> tuple:
+  """(smallest, largest) batch reached from the reference through invariant batches only, the
+  batches ordered by the column `by`: the nominal B, or B_eff (effective B)."""
+  rows = rows.sort_values([by, "B"])
+  ref = int(np.flatnonzero(rows.is_reference.to_numpy())[0])
+  values, ok = rows[by].tolist(), rows.invariant.tolist()
+  up = down = ref
+  while up + 1 < len(rows) and ok[up + 1]:
+    up += 1
+  while down > 0 and ok[down - 1]:
+    down -= 1
+  cast = int if by == "B" else float
+  return cast(values[down]), cast(values[up])
 
 
 def _sure(r, tolerance: float) -> str:
@@ -200,22 +211,45 @@ def invariance(study: st.Study, table: pd.DataFrame) -> Section:
     sec.verdict.append(f"{kind}, {name}: **largest invariant B = {up}** responses per optimizer "
                        f"step (invariant from B={down} to B={up}; reference B={ref.B}, "
                        f"tolerance {o.tolerance:g}, band {o.band:g}){broke}{hedge}{note}.")
+    eff = _effective_verdict(g)
+    (sec.verdict if eff.startswith("against") else sec.text).append(f"{kind}, {name}, {eff}")
+  sec.text.insert(0, f"Every count of responses here is of {st.x_label(study)} (--x {o.x}).")
   sec.facts["rows"] = rows
   sec.tables.append(("Responses-to-target ratio and curve shortfall per batch (ratio: median "
                      "over seeds [interval] (seeds, coverage); settled: the interval lies on "
-                     "one side of 1 + tolerance)", _show_rows(rows, o.tolerance)))
+                     "one side of 1 + tolerance; effective B: informative responses per "
+                     "optimizer step up to the crossing, median over seeds)",
+                     _show_rows(rows, o.tolerance)))
   sens = sensitivity(study, table)
   if not sens.empty:
     sec.facts["sensitivity"] = sens
     sec.tables.append(("Sensitivity: the largest invariant B of each series per tolerance, "
                        "band and target", sens))
-  sec.figures += [_curves_figure(study, rows), _ratio_figure(rows, o.tolerance)]
+  sec.figures += [_curves_figure(study, rows), _ratio_figure(rows, o.tolerance, o.x)]
   return sec
+
+
+def _effective_verdict(g: pd.DataFrame) -> str:
+  """The series' verdict with its batches ordered by effective B instead of nominal B: the
+  same ratios and tests (invariance_rows), only the order and the labels change."""
+  if g.B_eff.isna().any():
+    return ("effective B not logged (runs without rollout/effective_batch): the verdict "
+            "holds against nominal B only.")
+  down, up = largest_invariant(g, by="B_eff")
+  ref = g[g.is_reference].iloc[0]
+  order = [int(b) for b in g.sort_values(["B_eff", "B"]).B]
+  moved = order != sorted(order)
+  return (f"against effective B: **largest invariant effective B = {num(up)}** informative "
+          f"responses per optimizer step (invariant from {num(down)} to {num(up)}; reference "
+          f"B={ref.B} at effective B {num(ref.B_eff)})"
+          + (f"; ordered by effective B the batches run B = {', '.join(map(str, order))}, not "
+             "in nominal order" if moved else "; the same order as nominal B") + ".")
 
 
 def _show_rows(rows: pd.DataFrame, tolerance: float) -> pd.DataFrame:
   return pd.DataFrame({
-      "kind": rows.kind, "series": rows.series, "B": rows.B, "configuration": rows.label,
+      "kind": rows.kind, "series": rows.series, "B": rows.B,
+      "effective B": rows.B_eff.map(effective), "configuration": rows.label,
       "ratio": [iv(q, "×") for q in rows.ratio],
       "shortfall": rows.shortfall, "steps": rows.steps,
       "settled": [_sure(r, tolerance) for r in rows.itertuples()],
@@ -254,28 +288,31 @@ def _curves_figure(study: st.Study, rows: pd.DataFrame) -> Figure:
     panel = f"{kind} {name}"
     for r in g.itertuples():
       c = st.config_curve(study, r.config)
-      parts.append(pd.DataFrame({"panel": panel, "series": f"B={r.B}", "x": c.responses_seen,
+      parts.append(pd.DataFrame({"panel": panel, "series": f"B={r.B}", "x": c.responses,
                                  "y": c["median"], "lo": c.lo if r.is_reference else np.nan,
                                  "hi": c.hi if r.is_reference else np.nan,
-                                 "style": "ref" if r.is_reference else "line"}))
+                                 "style": "ref" if r.is_reference else "line",
+                                 "sample_axis": study.opts.x}))
   return Figure("2_curves_vs_responses",
-                f"`{study.metric}` vs responses seen (median over seeds), one line per B, per "
+                f"`{study.metric}` vs {st.x_label(study)} (median over seeds), one line per B, per "
                 "kind and series; the reference is black with its seeds' range shaded.\n"
                 "A line below the reference's band breaks invariance; a line above it does "
                 "not (one-sided).", pd.concat(parts, ignore_index=True),
-                functools.partial(figures.lines, xlabel="responses seen", ylabel=study.metric,
+                functools.partial(figures.lines, xlabel=st.x_label(study), ylabel=study.metric,
                                   hline=study.target))
 
 
-def _ratio_figure(rows: pd.DataFrame, tolerance: float) -> Figure:
+def _ratio_figure(rows: pd.DataFrame, tolerance: float, x: str) -> Figure:
   data = pd.DataFrame({"panel": rows.kind, "series": rows.series, "x": rows.B,
                        "y": [q.point for q in rows.ratio], "lo": [q.lo for q in rows.ratio],
                        "hi": [q.hi for q in rows.ratio], "style": "line",
-                       "seeds": rows.seeds, "invariant": rows.invariant})
+                       "seeds": rows.seeds, "invariant": rows.invariant,
+                       "effective_B": rows.B_eff, "sample_axis": x})
   for col in ("y", "lo", "hi"):
     data[col] = data[col].replace(np.inf, np.nan)
   return Figure("2_rtt_ratio_vs_batch",
-                "Responses to target relative to the series' reference vs B (log x), one line "
+                f"Responses ({x}) to target relative to the series' reference vs B (log x), "
+                "one line "
                 f"per series, interval shaded; green: ratio ≤ 1 + {tolerance:g}.\nA batch is "
                 "invariant while its line stays at or below the band's top (and its curve not "
                 "below the reference's); gaps never reached the target.",

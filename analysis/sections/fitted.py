@@ -35,7 +35,7 @@ def _primary(study: st.Study, table: pd.DataFrame):
   kinds = [s.kind for s in ss]
   kind = "grpo" if "grpo" in kinds else kinds[0]
   mine = [s for s in ss if s.kind == kind]
-  return next((s for s in mine if s.name == "best lr"), mine[0])
+  return next((s for s in mine if s.name == "best lr"), mine[0])  # unfiltered first
 
 
 def b_simple_values(study: st.Study, configs: list[str]) -> tuple[np.ndarray, np.ndarray, str]:
@@ -189,9 +189,11 @@ def _e_figure(study, s, fits_) -> Figure:
                 f"Responses to target E vs B, one point per seed ({s.kind}, {s.name}), with "
                 "E = E_min (1 + B/B_crit) where the fit identifies B_crit (dotted).\nFlat: "
                 "more batch costs no extra responses (steps fall as 1/B); the knee is at "
-                "B = B_crit, where E has doubled.", pd.concat(parts, ignore_index=True),
+                "B = B_crit, where E has doubled.",
+                pd.concat(parts, ignore_index=True).assign(sample_axis=study.opts.x),
                 functools.partial(figures.lines, xlabel="B (responses per optimizer step)",
-                                  ylabel="responses to target", logx=True, logy=True))
+                                  ylabel=f"{st.x_label(study)} to target", logx=True,
+                                  logy=True))
 
 
 def _bcrit_figure(fits_, bs_iv) -> Figure:
@@ -223,7 +225,8 @@ def _bcrit_figure(fits_, bs_iv) -> Figure:
 
 def _seed_curves(study: st.Study, config: str) -> list:
   runs = study.verdict_runs()
-  out = [st.eval_curve(study.records[r], study.metric) for r in runs[runs.config == config].run]
+  out = [st.eval_curve(study.records[r], study.metric, study.opts.x)
+         for r in runs[runs.config == config].run]
   return [c for c in out if c[0].size >= 4]
 
 
@@ -243,10 +246,9 @@ def _sigmoid_row(study: st.Study, b: int, config: str, label: str, panel: str):
   row.update(rmse=p["rmse"], fit="ok" if not f["reasons"] else
              "not identified (" + "; ".join(f["reasons"]) + ")")
   c = st.config_curve(study, config)
-  grid = np.geomspace(max(c.responses_seen[c.responses_seen > 0].min(), 1),
-                      c.responses_seen.max(), 50)
+  grid = np.geomspace(max(c.responses[c.responses > 0].min(), 1), c.responses.max(), 50)
   data = pd.concat([
-      pd.DataFrame({"panel": panel, "series": f"B={b}", "x": c.responses_seen,
+      pd.DataFrame({"panel": panel, "series": f"B={b}", "x": c.responses,
                     "y": c["median"], "style": "points"}),
       pd.DataFrame({"panel": panel, "series": f"B={b} fit", "x": grid, "style": "fit",
                     "y": fits.sigmoid(grid, p["r0"], p["A"], p["B"], p["c_mid"])})])
@@ -255,7 +257,7 @@ def _sigmoid_row(study: st.Study, b: int, config: str, label: str, panel: str):
 
 def compute_curves(study: st.Study, table: pd.DataFrame) -> Section:
   sec = Section("Compute–performance curves")
-  ss = [s for s in study_series(study, table) if s.name == "best lr"] or \
+  ss = [s for s in study_series(study, table) if s.name in ("best lr", "best lr filtered")] or \
       study_series(study, table)[:1]
   if table.empty or not ss:
     sec.skipped = "no batch series."
@@ -268,7 +270,8 @@ def compute_curves(study: st.Study, table: pd.DataFrame) -> Section:
       rows.append(row)
       if data is not None:
         parts.append(data)
-  sec.text.append("R(C) = R0 + (A − R0)/(1 + (C_mid/C)^B) with C in responses, fitted per "
+  sec.text.append("R(C) = R0 + (A − R0)/(1 + (C_mid/C)^B) with C in "
+                  f"{st.x_label(study)}, fitted per "
                   "configuration to the mean of its seeds' curves (grid over A and C_mid, B by "
                   "least squares), intervals from resampling seeds. A fit whose parameter sits "
                   "at a bound, or whose half-gain point lies past the data (A then extrapolates),"
@@ -278,10 +281,11 @@ def compute_curves(study: st.Study, table: pd.DataFrame) -> Section:
                      pd.DataFrame(rows)))
   if parts:
     sec.figures.append(Figure(
-        "7_compute_curves", f"`{study.metric}` vs responses (points: median over seeds) with "
+        "7_compute_curves", f"`{study.metric}` vs {st.x_label(study)} (points: median over "
+        "seeds) with "
         "the fitted sigmoid (dotted), one panel per series.\nA smaller C_mid reaches half the "
         "gain sooner; the fit is a description, not a forecast past the data.",
-        pd.concat(parts, ignore_index=True),
-        functools.partial(figures.lines, xlabel="responses seen", ylabel=study.metric,
+        pd.concat(parts, ignore_index=True).assign(sample_axis=study.opts.x),
+        functools.partial(figures.lines, xlabel=st.x_label(study), ylabel=study.metric,
                           logx=True)))
   return sec

@@ -13,18 +13,20 @@ from analysis import fits
 from analysis import stats
 from analysis import study_table as st
 from analysis.report_md import iv, num
+from analysis.runs import axis_label
 from analysis.sections.common import ratio, study_series
 from analysis.sections.types import Figure, Section
 
 RULES = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}  # the exponent of lr in B of each rule
 
 
-def scan_table(study: st.Study, kind: str, g: int) -> pd.DataFrame:
-  """Every (B, lr) the scan ran for `kind` at G = g: median responses to target and final value
-  with their intervals, over the tuning stage's seeds (the ones the study chose with) when there
-  is one, else over every run."""
+def scan_table(study: st.Study, kind: str, g: int, filtered: bool = False) -> pd.DataFrame:
+  """Every (B, lr) the scan ran for `kind` at G = g with dynamic sampling on (`filtered`) or
+  off: median responses to target and final value with their intervals, over the tuning
+  stage's seeds (the ones the study chose with) when there is one, else over every run."""
   used = study.used()
-  used = used[(used.kind == kind) & (used.G == g)]
+  used = used[(used.kind == kind) & (used.G == g)
+              & (used.dynamic_sampling.fillna(False).astype(bool) == filtered)]
   if (used.role == "tuning").any():
     used = used[used.role == "tuning"]
   rows = []
@@ -110,11 +112,13 @@ def learning_rate(study: st.Study, table: pd.DataFrame) -> Section:
   if table.empty:
     sec.skipped = "no finished run."
     return sec
-  for kind in sorted(table.kind.unique()):
+  settings = sorted(set(table.dynamic_sampling.fillna(False).astype(bool)))
+  for kind, on in [(k, on) for k in sorted(table.kind.unique()) for on in settings]:
     g = st.main_group_size(table, kind)
-    scan = scan_table(study, kind, g)
+    scan = scan_table(study, kind, g, on)
     if scan.empty or scan.groupby("B").lr.nunique().max() < 2:
       continue
+    kind = f"{kind} filtered" if on else kind  # names its tables, figure and facts
     opt = lr_optima(scan, _chosen(study, kind))
     sec.tables.append((f"{kind}: responses to target per B and lr over the scan's seeds "
                        f"(median [interval] (seeds, coverage), and the slowest seed); stable: the "
@@ -151,7 +155,7 @@ def learning_rate(study: st.Study, table: pd.DataFrame) -> Section:
       sec.verdict.append(f"{kind}: the best lr grows as B^{num(ex['exponent'])} over "
                          f"{len(ex['batches'])} batches (no interval: {ex['seeds']} seed(s) per "
                          f"rate){edge}.")
-    sec.figures.append(_lr_figure(kind, scan, opt))
+    sec.figures.append(_lr_figure(kind, scan, opt, study.opts.x))
   _fixed_cost(study, table, sec)
   if not sec.tables:
     sec.skipped = "no batch was run at two or more learning rates."
@@ -161,7 +165,7 @@ def learning_rate(study: st.Study, table: pd.DataFrame) -> Section:
 def _fixed_cost(study: st.Study, table: pd.DataFrame, sec: Section) -> None:
   """Per B: responses to target at the reference's lr over those at the batch's best lr."""
   by = {(s.kind, s.name): s for s in study_series(study, table)}
-  for s in [s for s in by.values() if s.name == "best lr"]:
+  for s in [s for s in by.values() if s.name in ("best lr", "best lr filtered")]:
     fixed = [f for f in by.values() if f.kind == s.kind and f.name.startswith("fixed lr")
              and f.reference == s.reference]
     if not fixed:
@@ -195,7 +199,7 @@ def _fixed_cost(study: st.Study, table: pd.DataFrame, sec: Section) -> None:
         f"{r['B']}: {num(r['ratio'].point)}×" for r in rows) + ".")
 
 
-def _lr_figure(kind: str, scan: pd.DataFrame, opt: pd.DataFrame) -> Figure:
+def _lr_figure(kind: str, scan: pd.DataFrame, opt: pd.DataFrame, x: str) -> Figure:
   parts = [pd.DataFrame({"panel": f"{kind}: responses to target per lr", "series": f"B={b}",
                          "x": g.lr, "y": g.rtt.replace(np.inf, np.nan), "style": "line"})
            for b, g in scan.groupby("B")]
@@ -212,16 +216,16 @@ def _lr_figure(kind: str, scan: pd.DataFrame, opt: pd.DataFrame) -> Figure:
     for name, a in RULES.items():
       parts.append(pd.DataFrame({"panel": panel, "series": f"{name} rule", "x": b,
                                  "y": lr_mid * (b / b_mid) ** a, "style": "fit"}))
-  return Figure(f"3_lr_per_batch_{kind}",
-                f"{kind}: responses to target against the learning rate, one line per B "
+  return Figure(f"3_lr_per_batch_{kind.replace(' ', '_')}",
+                f"{kind}: {axis_label(x)} to target against the learning rate, one line per B "
                 "(median over all seeds; gaps never reached), and the best lr per B with the "
                 "none / sqrt / linear rules through the same middle.\nA rule is right when the "
                 "best lr follows its line; a best lr at a scan's end may lie beyond it.",
-                pd.concat(parts, ignore_index=True),
+                pd.concat(parts, ignore_index=True).assign(sample_axis=x),
                 functools.partial(figures.lines, logx=True, logy=True, xlabel={
                     f"{kind}: responses to target per lr": "learning rate",
                     f"{kind}: best lr per B": "B (responses per optimizer step)"}, ylabel={
-                    f"{kind}: responses to target per lr": "responses to target",
+                    f"{kind}: responses to target per lr": f"{axis_label(x)} to target",
                     f"{kind}: best lr per B": "best learning rate"}))
 
 
@@ -230,7 +234,8 @@ def equal_pg_groups(table: pd.DataFrame) -> list[pd.DataFrame]:
   (P, G)."""
   out = []
   d = table[table.tuning_seeds == 0]
-  for _, g in d.groupby(["kind", "responses_per_step", "num_minibatches", "lr"]):
+  for _, g in d.groupby(["kind", "dynamic_sampling", "responses_per_step", "num_minibatches",
+                         "lr"]):
     g = g.sort_values("n_seeds", ascending=False).drop_duplicates(["P", "G"])
     if len(g) >= 2:
       out.append(g.sort_values("G"))
@@ -248,16 +253,18 @@ def pairs(study: st.Study, table: pd.DataFrame) -> Section:
     main_g = st.main_group_size(table, g.kind.iloc[0])
     main = g[g.G == main_g]
     base = (main if len(main) else g).iloc[0]
-    panel = f"{base.kind} P×G={base.responses_per_step} lr={num(base.lr)}"
+    panel = (f"{base.kind} P×G={base.responses_per_step} lr={num(base.lr)}"
+             + (" filtered" if base.dynamic_sampling else ""))
     for r in g.itertuples():
       q = ratio(study, r.config, base.config) if r.config != base.config else None
       rows.append({"P×G": r.responses_per_step, "configuration": r.label,
-                   "versus": base.label, "responses to target": iv(r.rtt_iv, final=r.final),
+                   "versus": base.label,
+                   f"{st.x_label(study)} to target": iv(r.rtt_iv, final=r.final),
                    "ratio": iv(q, "×") if q else "1 (itself)", "q": q})
       c = st.config_curve(study, r.config)
       curves.append(pd.DataFrame({"panel": panel, "series": f"P={r.P} G={r.G}",
-                                  "x": c.responses_seen, "y": c["median"], "lo": c.lo,
-                                  "hi": c.hi, "style": "line"}))
+                                  "x": c.responses, "y": c["median"], "lo": c.lo,
+                                  "hi": c.hi, "style": "line", "sample_axis": study.opts.x}))
       if q:
         differs = q.has_bounds and not (q.lo <= 1 <= q.hi)
         sec.verdict.append(f"Equal P×G = {r.responses_per_step}: {r.label} needs {iv(q, '×')} "
@@ -270,10 +277,11 @@ def pairs(study: st.Study, table: pd.DataFrame) -> Section:
   sec.tables.append(("Responses to target of equal P×G, relative to the main G",
                      d.drop(columns=["q"])))
   sec.figures.append(Figure(
-      "5_equal_PxG_curves", f"`{study.metric}` vs responses for configurations of equal P×G "
+      "5_equal_PxG_curves", f"`{study.metric}` vs {st.x_label(study)} for configurations of "
+      "equal P×G "
       "(median over seeds, seed range shaded), one panel per P×G.\nOverlapping curves mean "
       "only the product P×G matters, not how it splits into prompts and responses.",
       pd.concat(curves, ignore_index=True),
-      functools.partial(figures.lines, xlabel="responses seen", ylabel=study.metric,
+      functools.partial(figures.lines, xlabel=st.x_label(study), ylabel=study.metric,
                         hline=study.target)))
   return sec

@@ -13,27 +13,37 @@ from analysis import fits
 from analysis import stats
 from analysis import study_table as st
 from analysis.report_md import num
+from analysis.runs import responses
 from analysis.sections.types import Figure, Section
 
 _MODELS = {"actor": "actor/grad_norm", "critic": "critic/grad_norm"}
 
 
-def _trained(run, key: str) -> list[tuple[float, float]]:
-  """(responses_seen, grad norm) of the steps where the model trained (a PPO actor is idle, with
-  a zero gradient, while the critic warms up)."""
-  return [(x["responses_seen"], x[key]) for x in run.rows
-          if isinstance(x.get(key), (int, float)) and math.isfinite(x[key]) and x[key] > 0
-          and "responses_seen" in x]
+def _trained(run, key: str, x: str) -> list[tuple[float, float]]:
+  """(responses on axis `x`, grad norm) of the steps where the model trained (a PPO actor is
+  idle, with a zero gradient, while the critic warms up)."""
+  return [(responses(r, x), r[key]) for r in run.rows
+          if isinstance(r.get(key), (int, float)) and math.isfinite(r[key]) and r[key] > 0
+          and responses(r, x) is not None]
+
+
+def _kinds(runs: pd.DataFrame):
+  """(kind, its runs) per kind and dynamic sampling setting: 'grpo filtered' for the runs
+  with it, whose grad norms are not pooled with the others'."""
+  on = runs.dynamic_sampling.fillna(False).astype(bool)
+  for (kind, filtered), g in runs.groupby([runs.kind, on]):
+    yield (f"{kind} filtered" if filtered else kind), g
 
 
 def grad_points(study: st.Study) -> pd.DataFrame:
   """Per run and model: its B, mean |g|^2 and |g|, and B_simple over one window of responses
-  seen per kind, the same for the actor and the critic: the middle third of the span in which
-  every model of every run of the kind trained (after any critic warm-up)."""
+  per kind, the same for the actor and the critic: the middle third of the span in which
+  every model of every run of the kind trained (after any critic warm-up), on the study's
+  sample axis."""
   out = []
-  for kind, group in study.verdict_runs().groupby("kind"):
+  for kind, group in _kinds(study.verdict_runs()):
     runs = [(r.run, study.records[r.run]) for r in group.itertuples()]
-    series = {(name, m): _trained(run, key) for name, run in runs
+    series = {(name, m): _trained(run, key, study.opts.x) for name, run in runs
               for m, key in _MODELS.items() if m in run.plan.models}
     series = {k: v for k, v in series.items() if v}
     if not series:
@@ -48,7 +58,7 @@ def grad_points(study: st.Study) -> pd.DataFrame:
       run = study.records[name]
       unit = "prompts" if any(f"{model}/noise_prompts/grad_sq_est" in r for r in run.rows) \
           else "responses"
-      g2_est, tr_est, per = st.noise_in(run, lo, hi, unit, model)
+      g2_est, tr_est, per = st.noise_in(run, lo, hi, unit, model, study.opts.x)
       out.append(dict(run=name, kind=kind, model=model, lo=lo, hi=hi,
                       B=run.plan.models[model].minibatch, grad_sq=float(np.mean(np.square(g))),
                       grad_norm=float(np.mean(g)), unit=unit, g2_est=g2_est,
@@ -92,7 +102,8 @@ def actor_critic(study: st.Study, table: pd.DataFrame) -> Section:
     return sec
   windows = "; ".join(sorted({f"{r['kind']} [{num(r['lo'])}, {num(r['hi'])}]" for r in rows}))
   sec.text.append("Per run, the mean squared grad norm and the noise-scale estimates over one "
-                  "window of responses seen per kind, the same for the actor and the critic "
+                  f"window of {st.x_label(study)} per kind, the same for the actor and the "
+                  "critic "
                   f"(the middle third of the span where every model of every run trained: "
                   f"{windows}); the squared norms regressed on 1/B: E|g_B|² = |G|² + tr Σ/B, "
                   "B_simple = tr Σ/|G|². Measured B_simple: the runs' own estimates in the "
@@ -156,15 +167,20 @@ def _median_after(rows: list[dict], keys: tuple[str, ...]) -> float:
 
 
 def time_points(study: st.Study) -> pd.DataFrame:
+  """Per run its step times, by kind and dynamic sampling setting (_kinds): with dynamic
+  sampling a step generates as many rounds as it needs, so its generation time is not that of
+  its nominal responses per step."""
   out = []
-  for r in study.used().itertuples():
-    run = study.records[r.run]
-    out.append(dict(run=r.run, kind=r.kind, chips=int(r.chips), responses=int(r.responses_per_step),
-                    platform=run.summary.get("platform", "unknown"),
-                    generate_s=_median_after(run.rows, ("time/generate",)),
-                    train_s=_median_after(run.rows, ("time/actor_update", "time/critic_update",
-                                                     "time/logprobs")),
-                    train_tokens=_median_after(run.rows, ("train_tokens",))))
+  for kind, group in _kinds(study.used()):
+    for r in group.itertuples():
+      run = study.records[r.run]
+      out.append(dict(run=r.run, kind=kind, chips=int(r.chips),
+                      responses=int(r.responses_per_step),
+                      platform=run.summary.get("platform", "unknown"),
+                      generate_s=_median_after(run.rows, ("time/generate",)),
+                      train_s=_median_after(run.rows, ("time/actor_update",
+                                                       "time/critic_update", "time/logprobs")),
+                      train_tokens=_median_after(run.rows, ("train_tokens",))))
   return pd.DataFrame(out)
 
 
