@@ -107,6 +107,13 @@ class BatchPlan:
     """B: responses per optimizer step of the actor, the run's batch size (DESIGN.md)."""
     return self.main.minibatch
 
+  def effective_batch(self, informative: float) -> float:
+    """The effective B of a step that trained on `informative` responses with signal (a
+    group of equal rewards has none under a group-relative advantage): informative responses
+    per optimizer step of the actor. The nominal B when every response carries signal;
+    dynamic sampling (rollout.dynamic_sampling) refills steps to keep it there."""
+    return informative / self.main.num_minibatches
+
   @property
   def batch_prompts(self) -> float:
     """B in prompts: B / G."""

@@ -41,6 +41,7 @@ class Call:
   problems: list  # this process's problems, one per group
   rollout: Any  # decode.Rollout, global rows of the call
   round: int
+  prompt_lengths: np.ndarray  # this process's rows'
 
 
 @dataclasses.dataclass
@@ -65,6 +66,7 @@ class Groups:
   correct: list = dataclasses.field(default_factory=list)
   finished: list = dataclasses.field(default_factory=list)
   lengths: list = dataclasses.field(default_factory=list)
+  prompt_lengths: list = dataclasses.field(default_factory=list)
   codes: list = dataclasses.field(default_factory=list)  # [cp]
 
   def cat(self, name: str) -> np.ndarray:
@@ -156,7 +158,7 @@ class Refill:
     ptoks, pmask = rollout.prompts(self.task, problems, self.G)
     ids = np.arange(mine * self.G, (mine + self.local_prompts) * self.G, dtype=np.int32)
     out = self.sampler(params, ptoks, pmask, key, ids, self.group)
-    return Call(first_group, problems, out, round_)
+    return Call(first_group, problems, out, round_, pmask.sum(axis=1))
 
   def first_round(self, params, key, stream_first: int) -> "Round":
     """Round 1: P prompts over (1 - the filtered fraction so far), in calls of which the
@@ -220,15 +222,17 @@ class Refill:
     repeated = [p for p in call.problems for _ in range(self.G)]
     rewards, correct, finished = rollout.score(self.task, repeated, toks, rmask,
                                                self.task.tokenizer.eos_ids)
-    local = np.stack([rewards, correct, finished, rmask.sum(axis=1)]).astype(np.float32)
-    local = local.reshape(4, self.local_prompts, self.G).transpose(1, 0, 2)
-    every = _gather(local)  # [cp, 4, G]
-    r, c, f, n = (every[:, i] for i in range(4))
+    local = np.stack([rewards, correct, finished, rmask.sum(axis=1),
+                      call.prompt_lengths]).astype(np.float32)
+    local = local.reshape(5, self.local_prompts, self.G).transpose(1, 0, 2)
+    every = _gather(local)  # [cp, 5, G]
+    r, c, f, n, pl = (every[:, i] for i in range(5))
     codes = gf.group_signal(r, c > 0, self.min_std)
     groups.rewards.append(r)
     groups.correct.append(c > 0)
     groups.finished.append(f > 0)
     groups.lengths.append(n.astype(np.int64))
+    groups.prompt_lengths.append(pl.astype(np.int64))
     groups.codes.append(codes)
     return codes
 

@@ -228,7 +228,7 @@ class RLTrainer:
       m.follow_batch(effective if m.name == "actor" else trained)
     return {"rollout/responses_generated": generated, "rollout/responses_trained": trained,
             "rollout/effective_responses": effective,
-            "rollout/effective_batch": effective / self.plan.main.num_minibatches,
+            "rollout/effective_batch": self.plan.effective_batch(effective),
             "rollout/rounds": rounds, **fractions}
 
   def _complete_refilled(self, step: int, b: Begun, t_start: float) -> Pending:
@@ -269,10 +269,13 @@ class RLTrainer:
       logging.warning("step %d: %d of %d groups carry signal after %d rounds "
                       "(rollout.max_rounds): it trains on those", step, trained // g,
                       self.plan.num_prompts, f.rounds)
+    generated = flops.rollout_flops(self.model_cfg, gr.cat("prompt_lengths").reshape(-1),
+                                    gr.cat("lengths").reshape(-1))  # every process holds all
     return self._update(step, b, seq, host, phases, t_start, plen[trained_rows],
-                        rlen[trained_rows])
+                        rlen[trained_rows], generated)
 
-  def _update(self, step, b: Begun, seq, host, phases, t_start, plen, rlen) -> Pending:
+  def _update(self, step, b: Begun, seq, host, phases, t_start, plen, rlen,
+              generate_flops: float | None = None) -> Pending:
     """Dispatch the algorithm's update of a scored step."""
     by_group = self.prompt_level and step % 2 == 0
     t_update = time.time()
@@ -282,13 +285,16 @@ class RLTrainer:
     if self.meshes.split:
       update_phases["weight_sync"] = self.sync.seconds
     return Pending(step, metrics, host, phases, t_start, t_update, "actor_update",
-                   update_phases, info=(by_group, self.step_flops(plen, rlen)))
+                   update_phases, info=(by_group, self.step_flops(plen, rlen, generate_flops)))
 
-  def step_flops(self, plen, rlen) -> dict[str, float]:
-    """Model FLOPs of the step's phases."""
+  def step_flops(self, plen, rlen, generate: float | None = None) -> dict[str, float]:
+    """Model FLOPs of the step's phases over this process's trained rows (plen, rlen); the
+    generation's are of those rows too unless given (dynamic sampling generates more)."""
     fwd = flops.train_flops(self.model_cfg, plen + rlen) / 3  # one forward over the batch
     epochs = sum(m.batch.num_epochs for m in self.algo.models.values())
-    return {"generate": distributed.global_sum(flops.rollout_flops(self.model_cfg, plen, rlen)),
+    if generate is None:
+      generate = distributed.global_sum(flops.rollout_flops(self.model_cfg, plen, rlen))
+    return {"generate": generate,
             "update": distributed.global_sum(3 * fwd * epochs),
             "logprobs": distributed.global_sum(fwd * self.algo.extra_forwards())}
 

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from rlscale.rl.update import SequenceBatch, TrainState, make_update
 
@@ -53,3 +54,20 @@ def test_lr_scale_scales_the_step_as_the_learning_rate_would(mesh1, rules):
   scaled, _ = a(_state(a, a_opt), batch, jax.random.key(0), lr_scale=0.5)
   half, _ = b(_state(b, b_opt), batch, jax.random.key(0))
   np.testing.assert_allclose(np.asarray(scaled.params), np.asarray(half.params), rtol=1e-6)
+
+
+def test_follow_batch_scales_lr_by_the_rule_at_the_effective_batch():
+  import types
+  from rlscale.config import defaults
+  from rlscale.rl import optim
+  from rlscale.rl.trained import Trained
+  cfg = defaults.fill_optim({"lr": 1e-3, "lr_scaling": "sqrt", "reference_batch": 64,
+                             "lr_batch": "effective"})
+  model = types.SimpleNamespace(optim_cfg=cfg, batch=types.SimpleNamespace(num_minibatches=2),
+                                scaled=optim.scale(cfg, 64), lr_scale=None)
+  Trained.follow_batch(model, 32)  # 16 informative responses per optimizer step: k = 1/4
+  assert model.lr_scale == pytest.approx(0.5)
+  cfg["lr_batch"] = "nominal"
+  model.lr_scale = None
+  Trained.follow_batch(model, 32)
+  assert model.lr_scale is None  # the nominal batch: no per-step scale
