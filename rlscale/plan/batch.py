@@ -306,9 +306,12 @@ def _plan(cfg, shards, processes, seq_len, kv_bytes_per_row, gen_shards, memory)
     if "critic" in cfg:
       models["critic"] = _model(errors, "critic", "critic", cfg["critic"], rows, shards, seq_len,
                                 noise, memory)
-    gen = _generation_batch(errors, cfg["rollout"]["generation_batch"], rows,
-                            (gen_shards or shards) * processes, kv_bytes_per_row)
-    if cfg["rollout"]["dynamic_sampling"] is True and gen and g and gen % (g * processes):
+    gen_value, gen_unit = cfg["rollout"]["generation_batch"], (gen_shards or shards) * processes
+    refill = cfg["rollout"]["dynamic_sampling"] is True and g
+    if refill and gen_value == AUTO:  # dynamic sampling's calls hold whole groups per process
+      gen_unit = math.lcm(gen_unit, g * processes)
+    gen = _generation_batch(errors, gen_value, rows, gen_unit, kv_bytes_per_row)
+    if refill and gen and gen % (g * processes):
       errors.append(f"rollout.dynamic_sampling=True decodes whole groups per call: "
                     f"rollout.generation_batch={gen} must be a multiple of rl.group_size x "
                     f"processes ({g} x {processes})")

@@ -14,6 +14,7 @@ and MFU.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from typing import Any
@@ -117,9 +118,13 @@ class RLTrainer:
       return None
     from rlscale.sampling import memory_fit
     unit = sharding.batch_divisor(self.meshes.sampler, self.env.rules) * jax.process_count()
+    candidates = None
+    if self.cfg.rollout.dynamic_sampling:  # calls of whole groups per process (refill.py)
+      whole = math.lcm(unit, self.plan.group_size * jax.process_count())
+      candidates = [d for d in batch.divisors(self.plan.responses) if d % whole == 0]
     fit = memory_fit.fit_generation_batch(self.sampler, self.sampler_params,
                                           self.env.task.max_prompt_len, self.plan.responses,
-                                          unit, self.plan.group_size)
+                                          unit, self.plan.group_size, candidates=candidates)
     self.plan = dataclasses.replace(self.plan, generation_batch=fit.generation_batch)
     logging.info("generation batch: %s", fit.summary_line())
     return fit.describe()
