@@ -133,7 +133,9 @@ def _definitions(study) -> list[str]:
       "reached = ∞ ('not reached (final X)'). **Steps to target** = the actor's optimizer "
       f"steps by then; fewer than {o.min_steps} is flagged as a transient.",
       "- **Time to target** = responses to target / steady throughput (median over steps ≥ 2 "
-      "of responses per step / (time/step − time/eval − time/checkpoint)).",
+      "of responses per step / (time/step − time/eval − time/checkpoint)); for a run with "
+      "dynamic sampling, whose steps vary in responses, its steps to the crossing × the median "
+      "net seconds of a step.",
       f"- **Invariant** B (one-sided): it needs at most (1 + {o.tolerance:g})× the reference's "
       f"responses to target and its median curve is nowhere more than {o.band:g} below the "
       "reference's at equal responses (a faster or higher curve is not a break); the "

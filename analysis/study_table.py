@@ -275,6 +275,26 @@ def steady_throughput(run: Run, x: str = GENERATED) -> float:
   return float(np.median(rates)) if rates else math.nan
 
 
+def time_to_target(run: Run, rtt: float, throughput: float, x: str = GENERATED) -> float:
+  """Seconds to `rtt` responses to target on axis `x`: rtt / steady throughput; for a run whose
+  steps vary in responses (dynamic sampling), its RL steps to the crossing x the median net
+  seconds of a step (a median rate of responses per second would weigh steps that generated
+  more responses as faster ones). The crossing is interpolated on axis `x` between
+  evaluations, so the two axes can place it a fraction of a step apart."""
+  if not math.isfinite(rtt):
+    return math.inf
+  if not run.dynamic_sampling:
+    return rtt / throughput if throughput > 0 else math.nan
+  first = max(2, warmup_steps(run) + 1)
+  net = [r["time/step"] - (r.get("time/eval") or 0) - (r.get("time/checkpoint") or 0)
+         for r in run.rows if r.get("step", 0) >= first
+         and isinstance(r.get("time/step"), (int, float))]
+  net = [t for t in net if t > 0]
+  if not net:
+    return math.nan
+  return run.steps_at(rtt + warmup_responses(run, x), x) * float(np.median(net))
+
+
 def b_simple_at(run: Run, at: float, unit: str, model: str = "actor",
                 x: str = GENERATED) -> float:
   """B_simple in responses at the crossing `at`: b_simple_in over [at/2, 3 at/2]."""
@@ -548,7 +568,7 @@ def _add_outcomes(study: Study):
     cols["steps_to_target"].append(steps_to_target(run, rtt, ax) if ok else math.nan)
     cols["effective_B"].append(effective_batch(run, cross_at, ax) if ok else math.nan)
     cols["throughput"].append(thr)
-    cols["time_to_target"].append(rtt / thr if ok and thr > 0 else math.nan)
+    cols["time_to_target"].append(time_to_target(run, rtt, thr, ax) if ok else math.nan)
     for unit in ("prompts", "responses"):
       g2, tr, per = noise_at(run, cross_at, unit, x=ax) if ok else (math.nan, math.nan, 1)
       cols[f"b_simple_{unit}"].append(ratio_of_means(g2, tr, per))
@@ -600,7 +620,7 @@ def seed_values(study: Study, config: str, column: str = "responses_to_target",
       run = study.records[r.run]
       rtt = responses_to_target(run, study.metric, target, study.opts.x)
       out.append({"responses_to_target": rtt,
-                  "time_to_target": rtt / r.throughput if r.throughput > 0 else math.nan,
+                  "time_to_target": time_to_target(run, rtt, r.throughput, study.opts.x),
                   "steps_to_target": steps_to_target(run, rtt, study.opts.x)}[column])
     v = np.asarray(out, float)
   else:

@@ -188,3 +188,14 @@ def test_an_unknown_axis_is_refused_naming_its_flag(main, capsys):
   with pytest.raises(SystemExit) as e:
     main(["any_run", "--x", "seen"])
   assert e.value.code == 2 and "argument --x: invalid choice: 'seen'" in capsys.readouterr().err
+
+
+def test_time_to_target_of_uneven_steps_is_their_count_times_a_step(tmp_path):
+  """Dynamic sampling's steps generate 8 or 24 responses (16 trained each) and take 1 s each:
+  the time to target is the steps to the crossing (80 generated: a third into step 6) x 1 s,
+  not 80 / the median rate of responses per second (16/s or 24/s, by the median's pick)."""
+  seen = [0, 8, 32, 40, 64, 72, 96, 104, 128, 136, 160]
+  _write(tmp_path / "ds", seen, ACC, trained=[16 * i for i in range(11)])
+  row = _study(tmp_path, "generated").runs.iloc[0]
+  assert row.responses_to_target == pytest.approx(80.0)
+  assert row.time_to_target == pytest.approx(5 + 8 / 24)
