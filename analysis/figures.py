@@ -74,9 +74,11 @@ def lines(data: pd.DataFrame, xlabel, ylabel, logx: bool = False, logy: bool = F
       ax.axhspan(*hband, color="green", alpha=0.12, label="tolerance")
     if hline is not None:
       ax.axhline(hline, color="gray", lw=0.8, ls="--")
-    # A log axis with nothing positive on it (e.g. all-zero grad norms) stays linear.
-    ax.set_xscale("log" if logx and (d.x > 0).any() else "linear")
-    ax.set_yscale("log" if logy and (d.y > 0).any() else "linear")
+    # A log axis with nothing finite and positive on it (all-zero grad norms, a B_simple that
+    # is unbounded everywhere) stays linear.
+    positive = lambda v: (np.isfinite(v) & (v > 0)).any()  # noqa: E731
+    ax.set_xscale("log" if logx and positive(d.x) else "linear")
+    ax.set_yscale("log" if logy and positive(d.y) else "linear")
     if logx:
       _batch_ticks(ax, d.x[~d["style"].isin(["fit", "dashed"])])
     if logy:

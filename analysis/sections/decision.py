@@ -197,10 +197,10 @@ def invariance(study: st.Study, table: pd.DataFrame) -> Section:
     broke = ""
     if len(last):
       b = last.iloc[0]
-      why = [] if b.ratio_within else [f"needs {iv(b.ratio, '×')} the reference's responses"]
+      why = [] if b.ratio_within else [f"it needs {iv(b.ratio, '×')} the reference's responses"]
       if not b.curve_within:
         why.append(f"its curve falls {num(b.shortfall)} below the reference's")
-      broke = f"; at B={b.B} it {' and '.join(why)}"
+      broke = f"; at B={b.B} {' and '.join(why)}"
     inside = g[(g.B >= down) & (g.B <= up) & ~g.is_reference]
     unsettled = [r.B for r in inside.itertuples() if _sure(r, o.tolerance) == "no"]
     if len(last) and _sure(last.iloc[0], o.tolerance) == "no" and last.iloc[0].curve_within:
