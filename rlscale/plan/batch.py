@@ -311,6 +311,10 @@ def _plan(cfg, shards, processes, seq_len, kv_bytes_per_row, gen_shards, memory)
     if refill and gen_value == AUTO:  # dynamic sampling's calls hold whole groups per process
       gen_unit = math.lcm(gen_unit, g * processes)
     gen = _generation_batch(errors, gen_value, rows, gen_unit, kv_bytes_per_row)
+    if refill and rows and rows % (gen_shards or shards):
+      errors.append(f"rollout.dynamic_sampling=True assembles the step on the sampler's "
+                    f"devices: rl.num_prompts x rl.group_size = {rows} must split over its "
+                    f"{gen_shards or shards} batch shards")
     if refill and gen and gen % (g * processes):
       errors.append(f"rollout.dynamic_sampling=True decodes whole groups per call: "
                     f"rollout.generation_batch={gen} must be a multiple of rl.group_size x "

@@ -55,7 +55,7 @@ class Round:
 
 # Decode calls dispatched and not yet scored, at most: the device decodes one while the host
 # scores the other, and a step holds at most two calls' rows besides its batch (the batch
-# plan's rollout memory counts them).
+# plan's rollout memory counts them; a call is dropped once its rows are written).
 IN_FLIGHT = 2
 
 
@@ -118,6 +118,10 @@ class Refill:
                         f"rollout.generation_batch={generation_batch} must be a multiple of "
                         f"rl.group_size x processes ({g} x {procs}) and of the sampler's "
                         f"{shards} batch shards")
+    if (num_prompts * g) % shards:
+      raise ConfigError(f"rollout.dynamic_sampling=True assembles the step on the sampler's "
+                        f"devices: rl.num_prompts x rl.group_size = {num_prompts * g} must "
+                        f"split over its {shards} batch shards")
     self.sampler, self.task, self.rules = sampler, task, rules
     self.P, self.G, self.gb = num_prompts, g, generation_batch
     self.call_prompts = generation_batch // g  # prompts per call, over all processes
@@ -179,6 +183,7 @@ class Refill:
     mesh = self.sampler.mesh
     buffers = None
     pending = collections.deque(first.calls)
+    first.calls = []  # a scored call's rows are dropped as soon as they are written
     round_, left, sent = 1, first.planned - first.sent, first.sent  # left: planned, not sent
     t_gen = 0.0
     while True:
@@ -200,6 +205,7 @@ class Refill:
       t_dispatch = 0.0
       codes = self._score(call, groups)
       buffers = self._write(buffers, call, slots.offer(codes), mesh)
+      del call
       if not slots.missing:
         left = 0  # the round has found them: its calls not yet sent are not
     codes = groups.cat("codes")

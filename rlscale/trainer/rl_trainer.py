@@ -212,8 +212,10 @@ class RLTrainer:
     codes = group_filter.group_signal(rewards.reshape(-1, self.plan.group_size),
                                       correct.reshape(-1, self.plan.group_size))
     informative = int(distributed.global_sum(np.sum(codes == group_filter.INFORMATIVE)))
-    fractions = {k: distributed.global_mean(v)
-                 for k, v in group_filter.reason_fractions(codes).items()}
+    fractions = {}  # a critic-based algorithm learns from groups of equal rewards too
+    if self.group_relative:
+      fractions = {k: distributed.global_mean(v)
+                   for k, v in group_filter.reason_fractions(codes).items()}
     host.update(self._sample_axis(self.plan.responses, self.plan.responses,
                                   informative * self.plan.group_size, host["response_tokens"],
                                   fractions, rounds=1))
@@ -239,9 +241,11 @@ class RLTrainer:
   def _complete_refilled(self, step: int, b: Begun, t_start: float) -> Pending:
     """Dynamic sampling's step: rounds until P informative groups (refill.py), then the
     update on them; the groups without signal left when the rounds ran out carry no loss."""
-    t = time.time()
+    t, estimate = time.time(), self.refill.estimate()  # what sized this step's round 1
+    first, b.rollout = b.rollout, None  # the rounds drop each call once it is written
     f = self.refill.run(self.sampler_params, jax.random.fold_in(self.step_key(step), 0),
-                        b.stream_first, b.rollout, max(b.t_dispatch, t_start))
+                        b.stream_first, first, max(b.t_dispatch, t_start))
+    del first
     self.next_prompt = b.stream_first + f.calls * self.refill.call_prompts
     phases = {"generate": f.generate_s, "reward": time.time() - t - f.generate_s}
     if self.overlap and step < self.plan.num_steps:  # the sampler's next step, before the update
@@ -268,7 +272,7 @@ class RLTrainer:
                                   group_filter.reason_fractions(codes), f.rounds))
     host.update({"rollout/decode_calls": f.calls, "rollout/capped": int(trained < self.plan.responses),
                  "rollout/dropped_informative": f.dropped_informative,
-                 "rollout/filtered_estimate": self.refill.estimate(),
+                 "rollout/filtered_estimate": estimate,
                  "throughput/decode_responses_per_s": len(codes) * g / max(f.generate_s, 1e-9)})
     if trained < self.plan.responses:
       logging.warning("step %d: %d of %d groups carry signal after %d rounds "
@@ -322,11 +326,14 @@ class RLTrainer:
            "throughput/responses_per_s": p.host["rollout/responses_generated"] / wall,
            "flops/step": sum(step_flops.values()),  # model FLOPs: a report's compute axis
            **memory_report.peaks()}  # the run's memory so far (benchmarks give it per phase)
-    if not self.overlap:  # an overlapped step's generate phase is only the wait it caused
+    # An overlapped step's generate phase is only the wait it caused; so is a refilled
+    # step's (its calls decode while the host scores the one before).
+    waits = self.overlap or self.refill is not None
+    if not waits:
       out["throughput/gen_tokens_per_s"] = p.host["response_tokens"] / p.phases["generate"]
     if self.peak:
       sampler, trainer = (self.peak * m.size for m in (self.meshes.sampler, self.meshes.trainer))
-      if not self.overlap:
+      if not waits:
         out["mfu/generate"] = step_flops["generate"] / p.phases["generate"] / sampler
       out["mfu/update"] = step_flops["update"] / update_s / trainer
       out["mfu/step"] = sum(step_flops.values()) / wall / (self.peak * jax.device_count())

@@ -136,6 +136,10 @@ BAD = [
         "groups per call: rollout.generation_batch=8 must be a multiple of rl.group_size",
         also={"rollout.dynamic_sampling": True, "rl.group_size": 16, "rl.microbatch": "auto"}),
     row("grpo.py", "optim.lr_batch", "trained", "optim.lr_batch='trained'; known: nominal, effective"),
+    row("grpo.py", "rollout.dynamic_sampling", True, "rollout.dynamic_sampling=True assembles the "
+        "step on the sampler's devices: rl.num_prompts x rl.group_size = 512 must split over its "
+        "6 batch shards", also={"mesh.roles": "split", "mesh.sampler_devices": 6,
+                                "mesh.shape": (-1, 1, 1), "mesh.sampler_shape": (-1, 1, 1)}),
     # optim (the actor's; SFT's)
     row("grpo.py", "optim.lr", 0.0, "optim.lr=0.0 must be a positive number"),
     row("grpo.py", "optim.lr", NAN, "optim.lr=nan must be a positive number"),
