@@ -164,6 +164,11 @@ def run(num_steps: int) -> ml_collections.ConfigDict:
   # of the float32 log-softmax (0: the whole vocabulary at once).
   c.remat = "none"
   c.logprob_chunk = 8192
+  # RL: micro-batches of whole groups run each group's shared prompt once, forward and
+  # backward (rlscale/models/shared_prompt.py). 'auto': when the micro-batch holds whole groups
+  # on every batch shard (the plan prefers one); True: required; False: every row on its own.
+  # With it every update shuffles by whole groups: the noise scale is measured in prompts only.
+  c.shared_prompt = auto_or_int()  # "auto" | True | False
   return c
 
 

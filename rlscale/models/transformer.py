@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rlscale.models import memory
+from rlscale.models import memory, shared_prompt
 from rlscale.models.config import ModelConfig
 from rlscale.parallel.sharding import constrain
 from rlscale.models.layers import (Block, _param, c, dense, positions_from_mask, rms_norm,
@@ -55,6 +55,15 @@ class Decoder(nnx.Module):
       return self._run_remat(tokens_BxT, mask_BxT, memory.remat_policy(remat))
     x, kvs = self._run(tokens_BxT, mask_BxT, last_only=False)
     return (x, kvs) if return_kv else x
+
+  def response_hidden(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, n: int,
+                      remat: str = "none", group: int = 1) -> jax.Array:
+    """Final-normed hidden states [B, n, E] at the positions that predict the last n tokens;
+    with `group` > 1 each group's shared prompt runs once (models/shared_prompt.py)."""
+    if group > 1 and n >= 2:
+      policy = None if remat == "none" else memory.remat_policy(remat)
+      return shared_prompt.hidden(self, tokens_BxT, mask_BxT, n, group, policy)
+    return self(tokens_BxT, mask_BxT, remat=remat)[:, -n - 1:-1]
 
   def prefill(self, tokens_BxT: jax.Array, mask_BxT: jax.Array):
     """(final-normed hidden state of the last position [B, E], every layer's k and v).
@@ -127,11 +136,13 @@ class CausalLM(nnx.Module):
     return self.logits(self.model(tokens_BxT, mask_BxT)[:, -n - 1:-1])
 
   def response_logprobs(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, n: int,
-                        chunk: int = 0, remat: str = "none") -> tuple[jax.Array, jax.Array]:
+                        chunk: int = 0, remat: str = "none",
+                        group: int = 1) -> tuple[jax.Array, jax.Array]:
     """float32 log p of the last n tokens and the entropy of the softmax that predicts each,
     [B, n] each, without [B, n, V] logits when `chunk` > 0 (models/memory.py); `remat`
-    rematerializes the blocks for the backward pass."""
-    hidden = self.model(tokens_BxT, mask_BxT, remat=remat)[:, -n - 1:-1]
+    rematerializes the blocks for the backward pass. `group` > 1: rows are whole groups of
+    that many sharing their prompt, which runs once (models/shared_prompt.py)."""
+    hidden = self.model.response_hidden(tokens_BxT, mask_BxT, n, remat, group)
     head, vocab_first = self.head()
     return memory.logprobs_and_entropy(hidden, head, tokens_BxT[:, -n:], chunk, vocab_first)
 
@@ -158,6 +169,9 @@ class ValueModel(nnx.Module):
     return v + self.value_bias[...].astype(jnp.float32)
 
   def response_values(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, n: int,
-                      remat: str = "none") -> jax.Array:
-    """float32 [B, n]: V of the state before each of the last n tokens."""
-    return self(tokens_BxT, mask_BxT, remat)[:, -n - 1:-1]
+                      remat: str = "none", group: int = 1) -> jax.Array:
+    """float32 [B, n]: V of the state before each of the last n tokens (`group` as
+    CausalLM.response_logprobs')."""
+    hidden = self.model.response_hidden(tokens_BxT, mask_BxT, n, remat, group)
+    v = dense(hidden, self.value_head[...].astype(hidden.dtype), preferred_element_type=jnp.float32)
+    return v + self.value_bias[...].astype(jnp.float32)

@@ -65,6 +65,7 @@ class ModelBatch:
   microbatch: int  # rows per forward/backward pass
   microbatch_auto: bool  # chosen by the plan
   microbatch_bound: str = ""  # auto: what bounded the choice (row cap, token cap, memory, ...)
+  shared_prompt: int = 1  # G when each micro-batch's groups run their prompt once, else 1
 
   @property
   def optimizer_steps(self) -> int:
@@ -130,7 +131,8 @@ class BatchPlan:
       out[name] = {"minibatch": m.minibatch, "num_minibatches": m.num_minibatches,
                    "num_epochs": m.num_epochs, "microbatch": m.microbatch,
                    "microbatch_auto": m.microbatch_auto,
-                   "optimizer_steps_per_step": m.optimizer_steps}
+                   "optimizer_steps_per_step": m.optimizer_steps,
+                   "shared_prompt": m.shared_prompt > 1}
       if m.microbatch_bound:
         out[name]["microbatch_bound"] = m.microbatch_bound
     if self.memory is not None:
@@ -147,7 +149,8 @@ class BatchPlan:
       auto = f" (auto: {m.microbatch_bound})" if m.microbatch_bound else (
           " (auto)" if m.microbatch_auto else "")
       parts.append(f"{m.name}: {m.num_minibatches} x {m.minibatch} rows, {m.num_epochs} "
-                   f"epoch(s), micro-batch {m.microbatch}{auto}")
+                   f"epoch(s), micro-batch {m.microbatch}{auto}"
+                   + (", each prompt once per group" if m.shared_prompt > 1 else ""))
     if self.memory is not None:
       parts.append(self.memory.summary_line())
     return "; ".join(parts)
@@ -173,12 +176,14 @@ def micro_rows_cap(seq_len: int, memory_tokens: int | None = None) -> tuple[int,
 
 
 def auto_microbatch(minibatch: int, shards: int, seq_len: int, need_two: bool,
-                    memory_tokens: int | None = None) -> int | None:
-  """The largest divisor of the mini-batch that splits over the batch shards, keeps a pass
-  within `micro_rows_cap` rows per device (the row and token caps, and the memory bound when
-  given), and leaves two or more passes when the noise scale needs them (None if none does)."""
+                    memory_tokens: int | None = None, unit: int = 0) -> int | None:
+  """The largest divisor of the mini-batch that splits over the batch shards (over `unit`, a
+  multiple of them, when given), keeps a pass within `micro_rows_cap` rows per device (the row
+  and token caps, and the memory bound when given), and leaves two or more passes when the
+  noise scale needs them (None if none does)."""
   rows, _ = micro_rows_cap(seq_len, memory_tokens)
-  fits = [d for d in divisors(minibatch) if d % shards == 0 and (not need_two or d < minibatch)]
+  unit = unit or shards
+  fits = [d for d in divisors(minibatch) if d % unit == 0 and (not need_two or d < minibatch)]
   small = [d for d in fits if d <= rows * shards]
   return max(small) if small else (min(fits) if fits else None)
 
@@ -218,8 +223,12 @@ def _int(errors: list[str], field: str, value: Any, auto: bool = False) -> int:
 
 
 def _model(errors, name, prefix, section, rows, shards, seq_len, noise,
-           memory: "TrainMemory | None" = None) -> ModelBatch | None:
-  """A model's mini- and micro-batches from its config section (rl or critic)."""
+           memory: "TrainMemory | None" = None, group: int = 1,
+           shared: Any = False) -> ModelBatch | None:
+  """A model's mini- and micro-batches from its config section (rl or critic). `shared`
+  (train.shared_prompt, 'auto' or a bool): micro-batches of whole groups of `group` on every
+  batch shard run each prompt once (models/shared_prompt.py); 'auto' prefers such a
+  micro-batch and takes it when one fits."""
   n_mb = _int(errors, f"{prefix}.num_minibatches", section["num_minibatches"])
   epochs = _int(errors, f"{prefix}.num_epochs", section["num_epochs"])
   micro = _int(errors, f"{prefix}.microbatch", section["microbatch"], auto=True)
@@ -236,7 +245,12 @@ def _model(errors, name, prefix, section, rows, shards, seq_len, noise,
   bound = ""
   if auto:
     mem_tokens = memory.max_tokens(name) if memory is not None else None
-    micro = auto_microbatch(minibatch, shards, seq_len, noise, mem_tokens)
+    micro = None
+    if shared is not False and group >= 2:
+      micro = auto_microbatch(minibatch, shards, seq_len, noise, mem_tokens, group * shards)
+      if micro is not None and micro > micro_rows_cap(seq_len, mem_tokens)[0] * shards:
+        micro = None  # whole groups only past the row, token or memory bound: rows instead
+    micro = micro or auto_microbatch(minibatch, shards, seq_len, noise, mem_tokens)
     if micro is None:
       errors.append(f"{prefix}.microbatch='auto': no divisor of the mini-batch ({minibatch} rows) "
                     f"splits over {shards} batch shards" + (" in two or more passes (the noise "
@@ -254,7 +268,25 @@ def _model(errors, name, prefix, section, rows, shards, seq_len, noise,
     errors.append(f"{prefix}.microbatch={micro} leaves one pass per mini-batch ({minibatch} "
                   f"rows): the noise scale needs two or more; lower it, set it to 'auto', or set "
                   f"noise.enabled=False")
-  return ModelBatch(name, minibatch, n_mb, epochs, micro, auto, bound)
+  on = shared is not False and group >= 2 and micro and micro % (group * shards) == 0
+  if shared is True and not on and not errors:
+    errors.append(f"train.shared_prompt=True needs micro-batches of whole groups on every batch "
+                  f"shard: {prefix}.microbatch={micro} is not a multiple of rl.group_size x "
+                  f"batch shards ({group} x {shards}); set it to 'auto' or False")
+  return ModelBatch(name, minibatch, n_mb, epochs, micro, auto, bound, group if on else 1)
+
+
+def _shared_prompt(errors: list[str], cfg) -> Any:
+  """train.shared_prompt: 'auto', True or False (False when responses are single tokens: no
+  response position feeds another)."""
+  value = cfg["train"].get("shared_prompt", AUTO)
+  if value != AUTO and not isinstance(value, bool):
+    errors.append(f"train.shared_prompt={value!r} must be 'auto', True or False")
+    return False
+  new_tokens = cfg["rollout"]["max_new_tokens"]
+  if isinstance(new_tokens, int) and new_tokens < 2:
+    return False
+  return value
 
 
 def _steps(errors: list[str], train: Mapping[str, Any], per_step: int) -> int:
@@ -302,10 +334,12 @@ def _plan(cfg, shards, processes, seq_len, kv_bytes_per_row, gen_shards, memory)
     p = _int(errors, "rl.num_prompts", r["num_prompts"])
     g = _int(errors, "rl.group_size", r["group_size"])
     rows = p * g
-    models = {"actor": _model(errors, "actor", "rl", r, rows, shards, seq_len, noise, memory)}
+    shared = _shared_prompt(errors, cfg)
+    models = {"actor": _model(errors, "actor", "rl", r, rows, shards, seq_len, noise, memory,
+                              g, shared)}
     if "critic" in cfg:
       models["critic"] = _model(errors, "critic", "critic", cfg["critic"], rows, shards, seq_len,
-                                noise, memory)
+                                noise, memory, g, shared)
     gen_value, gen_unit = cfg["rollout"]["generation_batch"], (gen_shards or shards) * processes
     refill = cfg["rollout"]["dynamic_sampling"] is True and g
     if refill and gen_value == AUTO:  # dynamic sampling's calls hold whole groups per process

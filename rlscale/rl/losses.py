@@ -56,7 +56,10 @@ def clipped_value_loss(values, old_values, returns, clip: float):
   if clip <= 0:
     return 0.5 * unclipped, jnp.zeros_like(unclipped, bool)
   clipped_sq = jnp.square(old_values + jnp.clip(values - old_values, -clip, clip) - returns)
-  return 0.5 * jnp.maximum(unclipped, clipped_sq), clipped_sq > unclipped
+  # Inside the clip range the two terms are one number computed two ways: their order there
+  # is float rounding, not clipping.
+  outside = jnp.abs(values - old_values) > clip
+  return 0.5 * jnp.maximum(unclipped, clipped_sq), outside & (clipped_sq > unclipped)
 
 
 def explained_variance(values, returns, mask):

@@ -44,8 +44,10 @@ class Trained:
       com = prox_com / self.scaled.k
       self.prox_decay = com / (com + 1.0)
     self.measure_noise = bool(noise_cfg["enabled"]) and batch.num_micro >= 2
-    self.prompt_level = (self.measure_noise and bool(noise_cfg["prompt_level"])
-                         and batch.microbatch % group_size == 0)
+    # Shared-prompt training shuffles by whole groups at every step: prompts only.
+    self.shared = batch.shared_prompt > 1
+    self.prompt_level = self.measure_noise and (
+        self.shared or (bool(noise_cfg["prompt_level"]) and batch.microbatch % group_size == 0))
     self.noise = {u: noise_scale.NoiseScale(f"{name}/noise_{u}", noise_cfg["decay"])
                   for u in ("responses", "prompts")}
     self.update = make_update(forward, optimizer, loss, num_minibatches=batch.num_minibatches,
@@ -54,7 +56,7 @@ class Trained:
                               group_size=group_size, measure_noise=self.measure_noise,
                               prox_decay=self.prox_decay,
                               ptx=(ptx_coef, ptx.nll) if demos is not None else None,
-                              count_rows=count_rows)
+                              count_rows=count_rows, shared_prompt=batch.shared_prompt)
     self.demos, self.opt_steps_taken = demos, None  # PPO-ptx rows (rl/ptx.py), or None
     prox = jax.tree.map(jnp.copy, params) if self.prox_decay is not None else None
     self.state = self.update.place(
@@ -95,7 +97,7 @@ class Trained:
       if f"noise/{k}" in metrics:
         out[f"{self.name}/noise_{k}"] = metrics[f"noise/{k}"]
     if "noise/grad_sq_small" in metrics:
-      unit, per = (("prompts", self.group_size) if by_group and self.prompt_level
+      unit, per = (("prompts", self.group_size) if (by_group or self.shared) and self.prompt_level
                    else ("responses", 1))
       small, big = self.batch.microbatch, self.opt_batch
       measured = metrics.get("noise/micro_used_min", 2) >= 2

@@ -9,7 +9,8 @@ Each optimizer step also yields the two squared gradient norms of the noise-scal
 (rl/noise_scale.py): the mean over micro-batches of each one's mean gradient, and the
 mini-batch gradient. Shuffling is by responses, or, when `by_group` is set for a step, by whole
 groups of `group_size` rows, which makes every micro-batch a set of whole groups (the
-prompt-level estimate).
+prompt-level estimate). With `shared_prompt` = G every shuffle is by whole groups and each
+micro-batch's groups run their prompt once (models/shared_prompt.py).
 """
 
 from __future__ import annotations
@@ -59,37 +60,40 @@ class ValueInputs(NamedTuple):
 
 
 def policy_forward(graphdef: nnx.GraphDef, chunk: int = 0, remat: str = "none"):
-  """forward(params, batch, prox) -> TokenInputs for a CausalLM.
+  """forward(params, batch, prox, group=1) -> TokenInputs for a CausalLM.
 
   `chunk` (train.logprob_chunk): vocabulary columns per chunk of the float32 log-softmax, 0
   the whole vocabulary at once; `remat` (train.remat): each decoder block's rematerialization
   in the backward pass (rlscale/models/memory.py). The defaults are the old behaviour.
+  `group` > 1: the rows are whole groups of that many sharing their prompt, run once.
   """
   memory.remat_policy(remat)  # an unknown value fails here, naming the field
   if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
     raise ValueError(f"train.logprob_chunk={chunk!r} must be an integer >= 0")
 
-  def logp_and_entropy(params, mb: SequenceBatch):
+  def logp_and_entropy(params, mb: SequenceBatch, group: int):
     n = mb.resp_mask.shape[1]
-    return nnx.merge(graphdef, params).response_logprobs(mb.tokens, mb.mask, n, chunk, remat)
+    return nnx.merge(graphdef, params).response_logprobs(mb.tokens, mb.mask, n, chunk, remat,
+                                                         group)
 
-  def forward(params, mb: SequenceBatch, prox=None) -> TokenInputs:
-    logp, entropy = logp_and_entropy(params, mb)
+  def forward(params, mb: SequenceBatch, prox=None, group: int = 1) -> TokenInputs:
+    logp, entropy = logp_and_entropy(params, mb, group)
     prox_logp = None
     if prox is not None:
-      prox_logp = jax.lax.stop_gradient(logp_and_entropy(prox, mb)[0])
+      prox_logp = jax.lax.stop_gradient(logp_and_entropy(prox, mb, group)[0])
     return TokenInputs(logp, entropy, mb.resp_mask, mb.extras, prox_logp)
 
   return forward
 
 
 def value_forward(graphdef: nnx.GraphDef, remat: str = "none"):
-  """forward(params, batch, prox) -> ValueInputs for a ValueModel; `remat` as policy_forward's."""
+  """forward(params, batch, prox, group=1) -> ValueInputs for a ValueModel; `remat` and
+  `group` as policy_forward's."""
   memory.remat_policy(remat)
 
-  def forward(params, mb: SequenceBatch, prox=None) -> ValueInputs:
+  def forward(params, mb: SequenceBatch, prox=None, group: int = 1) -> ValueInputs:
     values = nnx.merge(graphdef, params).response_values(mb.tokens, mb.mask,
-                                                         mb.resp_mask.shape[1], remat)
+                                                         mb.resp_mask.shape[1], remat, group)
     return ValueInputs(values, mb.resp_mask, mb.extras)
   return forward
 
@@ -151,14 +155,15 @@ def permutation(key, rows: int, group_size: int, by_group) -> jax.Array:
   return jnp.where(by_group, by_grp, by_row)
 
 
-def micro_grad_fn(forward, loss: TokenLoss):
+def micro_grad_fn(forward, loss: TokenLoss, group: int = 1):
   """value_and_grad of one micro-batch's share of the mini-batch loss, sum(w * loss), with its
-  metrics as token sums (weights mw)."""
+  metrics as token sums (weights mw); `group` > 1: rows of whole groups sharing a prompt."""
   def micro_loss(params, xs, prox):
     mb, w, mw = xs
     mb, w, mw = jax.tree.map(lambda x: sharding.constrain(x, ("batch",) + (None,) * (x.ndim - 1)),
                              (mb, w, mw))
-    per_token, metrics = loss(forward(params, mb, prox))
+    inputs = forward(params, mb, prox) if group == 1 else forward(params, mb, prox, group)
+    per_token, metrics = loss(inputs)
     return jnp.sum(w * per_token), {k: jnp.sum(mw * v) for k, v in metrics.items()}
 
   return jax.value_and_grad(micro_loss, has_aux=True)
@@ -182,7 +187,8 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
                 *, num_minibatches: int, num_epochs: int, microbatch: int, aggregation: str,
                 max_len: int, mesh: Mesh, rules: sharding.Rules, shuffle: bool = True,
                 group_size: int = 1, measure_noise: bool = True, prox_decay: float | None = None,
-                ptx: tuple[float, TokenLoss] | None = None, count_rows: bool = False):
+                ptx: tuple[float, TokenLoss] | None = None, count_rows: bool = False,
+                shared_prompt: int = 1):
   """An `Update`: `update(state, batch, key, by_group=False) -> (state, metrics)`.
 
   `forward(params, micro_batch, prox_params)` gives the loss its inputs (policy_forward,
@@ -199,9 +205,14 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
   metrics also give the rows with loss tokens they were measured on: `noise/rows_big` (per
   mini-batch), `noise/inv_rows_small` (the mean of 1/rows over the micro-batches with tokens:
   E|G_small|^2 = |G|^2 + tr(Sigma) mean(1/b_i)) and `noise/micro_used_min`; and a mini-batch
-  without any loss token takes no optimizer step (Adam's momentum would move it).
+  without any loss token takes no optimizer step (Adam's momentum would move it). With
+  `shared_prompt` = G (group_size; micro-batches of whole groups on every batch shard) every
+  shuffle is by whole groups, whatever `by_group`, and each group's prompt runs once.
   """
-  grad_fn = micro_grad_fn(forward, loss)
+  if shared_prompt > 1 and (shared_prompt != group_size or microbatch % group_size):
+    raise ValueError(f"shared_prompt={shared_prompt} needs micro-batches of whole groups of "
+                     f"{group_size} (microbatch {microbatch})")
+  grad_fn = micro_grad_fn(forward, loss, shared_prompt)
   ptx_grad = None if ptx is None else micro_grad_fn(forward, ptx[1])
   lr_scale = None  # the traced scale of the update being traced (optim.lr_batch='effective')
 
@@ -252,7 +263,8 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
       lr_scale = scale
       step_metrics = []
       for epoch in range(num_epochs):
-        idx = (permutation(jax.random.fold_in(key, epoch), rows, group_size, by_group)
+        idx = (permutation(jax.random.fold_in(key, epoch), rows, group_size,
+                           True if shared_prompt > 1 else by_group)
                if shuffle else jnp.arange(rows))
         shuffled = jax.tree.map(lambda x: jnp.take(x, idx, axis=0), batch)
         mbs = jax.tree.map(lambda x: x.reshape((num_minibatches, mb_rows) + x.shape[1:]), shuffled)

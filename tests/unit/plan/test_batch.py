@@ -133,3 +133,30 @@ def test_divisors_are_every_divisor_ascending():
   got = batch.divisors(n)
   assert len(got) == 11 * 6 * 5 * 4 and got == sorted(set(got))
   assert all(n % d == 0 for d in got) and got[0] == 1 and got[-1] == n
+
+
+def test_shared_prompt_takes_micro_batches_of_whole_groups_per_shard():
+  """train.shared_prompt='auto' (the default): the plan prefers a micro-batch of whole groups
+  on every batch shard and says so; when none fits it trains rows on their own; True then
+  refuses in one line naming the sizes."""
+  p = batch.plan(_cfg(), shards=1, seq_len=13)  # the main job: 64 rows = 8 groups of 8
+  assert p.models["actor"].shared_prompt == 8 and "each prompt once" in p.summary_line()
+  assert p.describe()["actor"]["shared_prompt"] is True
+  cfg = _cfg("ppo.py")  # G = 4, 8 shards: micro-batches of 32 rows, 4 groups per shard
+  p = batch.plan(cfg, shards=8, seq_len=13)
+  for m in p.models.values():
+    assert m.shared_prompt == 4 and m.microbatch % 32 == 0 and m.num_micro >= 2
+  cfg = _cfg("grpo.py:tiny")  # P = 4 x G = 4 over 8 shards: no micro-batch of whole groups
+  p = batch.plan(cfg, shards=8, seq_len=13)
+  assert p.models["actor"].shared_prompt == 1 and p.models["actor"].microbatch == 8
+  cfg.train.shared_prompt = True
+  with pytest.raises(ConfigError, match=r"train.shared_prompt=True needs micro-batches of whole "
+                     r"groups on every batch shard: rl.microbatch=8 is not a multiple of "
+                     r"rl.group_size x batch shards \(4 x 8\)"):
+    batch.plan(cfg, shards=8, seq_len=13)
+  off = _cfg()
+  off.train.shared_prompt = False
+  assert batch.plan(off, shards=1, seq_len=13).models["actor"].shared_prompt == 1
+  old = _cfg()  # a run's config.json from before the field: rows on their own, as it ran
+  del old.train["shared_prompt"]
+  assert batch.plan(old, shards=1, seq_len=13).models["actor"].shared_prompt == 1

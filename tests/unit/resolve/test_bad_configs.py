@@ -140,6 +140,12 @@ BAD = [
         "step on the sampler's devices: rl.num_prompts x rl.group_size = 512 must split over its "
         "6 batch shards", also={"mesh.roles": "split", "mesh.sampler_devices": 6,
                                 "mesh.shape": (-1, 1, 1), "mesh.sampler_shape": (-1, 1, 1)}),
+    # shared-prompt training
+    row("grpo.py", "train.shared_prompt", "yes", "train.shared_prompt='yes' must be 'auto', True "
+        "or False"),
+    row("grpo.py", "train.shared_prompt", True, "train.shared_prompt=True needs micro-batches of "
+        "whole groups on every batch shard: rl.microbatch=8 is not a multiple of rl.group_size x "
+        "batch shards (8 x 8)", also={"rl.microbatch": 8}),
     # optim (the actor's; SFT's)
     row("grpo.py", "optim.lr", 0.0, "optim.lr=0.0 must be a positive number"),
     row("grpo.py", "optim.lr", NAN, "optim.lr=nan must be a positive number"),

@@ -58,6 +58,12 @@ def test_clipped_value_loss_and_explained_variance_by_hand():
   # V=1: unclipped (1-2)^2 = 1, clipped V .7 -> 1.69: max 1.69. V=0: 1 vs (.3-1)^2=.49: 1.
   np.testing.assert_allclose(loss, [0.5 * 1.69, 0.5, 0.0], rtol=1e-6)
   np.testing.assert_array_equal(clipped, [True, False, False])
+  # Inside the clip range old + (V - old) - R and V - R round differently (in float32 the first
+  # squares above the second here; 2% of random such triples): a rounding order, not a clip.
+  v, old, ret = (jnp.array([x], jnp.float32) for x in (0.0094012301415205, 0.08071726560592651,
+                                                       -0.5900893807411194))
+  assert float(jnp.square(old + (v - old) - ret)[0]) > float(jnp.square(v - ret)[0])
+  assert not bool(clipped_value_loss(v, old, ret, clip=0.2)[1][0])
   ev = explained_variance(jnp.array([[1.0, 2.0, 3.0]]), jnp.array([[1.0, 2.0, 4.0]]),
                           jnp.ones((1, 3), bool))
   # Var(R - V) = Var(0, 0, 1) = 2/9; Var(R) = Var(1, 2, 4) = 14/9
