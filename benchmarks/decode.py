@@ -27,9 +27,22 @@ flags.DEFINE_integer("batch", 64, "rows per compiled call")
 flags.DEFINE_integer("prompt_len", 32, "prompt tokens per row")
 flags.DEFINE_integer("new_tokens", 64, "tokens generated per row")
 flags.DEFINE_string("dtype", "float32", "activation and parameter dtype")
-flags.DEFINE_integer("decode_chunk", 64, "KV-cache slots per chunk of generated tokens")
+flags.DEFINE_string("decode_chunk", "auto", "KV-cache slots per chunk of generated tokens, or "
+                    "'auto' (rollout.decode_chunk's default: from the rows per device)")
 flags.DEFINE_integer("repeats", 11, "timed calls (median reported)")
 flags.DEFINE_list("mesh", ["-1", "1", "1"], "data,fsdp,tensor")
+
+
+def chunk_flag():
+  return FLAGS.decode_chunk if FLAGS.decode_chunk == "auto" else int(FLAGS.decode_chunk)
+
+
+def chunk_slots(mesh, rules) -> int:
+  """The slots per chunk the sampler uses (what 'auto' chose)."""
+  from rlscale.parallel import sharding
+  from rlscale.sampling import kv_cache
+  rows = FLAGS.batch // sharding.batch_divisor(mesh, rules)
+  return kv_cache.chunk_size(FLAGS.new_tokens - 1, chunk_flag(), rows)
 
 
 def main(argv):
@@ -49,7 +62,7 @@ def main(argv):
   policy = models.create_sharded(models.CausalLM, cfg, mesh, rules, jax.random.key(0))
   graphdef, state = nnx.split(policy)
   params = SamplingParams(max_new_tokens=FLAGS.new_tokens, temperature=1.0, eos_ids=(),
-                          decode_chunk=FLAGS.decode_chunk)
+                          decode_chunk=chunk_flag())
   sampler = Sampler(graphdef, params, mesh, rules)
 
   b, plen = FLAGS.batch, FLAGS.prompt_len
@@ -90,7 +103,8 @@ def main(argv):
       mesh=dict(mesh.shape), family=FLAGS.family, layers=FLAGS.layers, d_model=FLAGS.d_model,
       heads=FLAGS.heads, kv_heads=FLAGS.kv_heads, head_dim=FLAGS.head_dim, mlp_dim=FLAGS.mlp_dim,
       vocab=FLAGS.vocab, dtype=FLAGS.dtype, batch=b, prompt_len=plen, new_tokens=FLAGS.new_tokens,
-      decode_chunk=FLAGS.decode_chunk, repeats=FLAGS.repeats,
+      decode_chunk=FLAGS.decode_chunk, decode_chunk_slots=chunk_slots(mesh, rules),
+      repeats=FLAGS.repeats,
       gen_tokens_per_s=round(b * FLAGS.new_tokens / gen_s, 1),
       gen_tokens_per_s_best=round(b * FLAGS.new_tokens / gen_best, 1),
       decode_tokens_per_s=round(b * FLAGS.new_tokens / max(gen_s - pre_s, 1e-9), 1),

@@ -19,6 +19,12 @@ critic's) 'auto', what users get, and the line says what it chose. Times are med
 over its time, and `matmul_tflops_per_s` a jitted 2048x2048 matmul of --dtype measured in the
 same process, the machine's reference; `update_fraction_of_matmul` is their ratio.
 
+Lengths: by default every response runs --new_tokens tokens. --length_mean=M cuts each
+decoded response at a lognormal length of mean M tokens (--length_sigma of log length) before
+it is scored and trained, as an EOS would: `update_us_per_real_token` (the update's seconds
+over the prompt and response tokens it trained, padding left out) beside
+`update_us_per_shape_token` (over rows x (prompt + new tokens)) says what padding costs.
+
 Memory: --remat, --logprob_chunk, --param_dtype and --state_dtype set train.remat,
 train.logprob_chunk, model.param_dtype and optim.state_dtype (the critic's too). `memory`
 gives per phase (generate, logprobs, actor_update, critic_update) XLA's analysis of the
@@ -65,6 +71,9 @@ flags.DEFINE_integer("logprob_chunk", None, "train.logprob_chunk: vocabulary col
 flags.DEFINE_string("param_dtype", "", "model.param_dtype (empty: --dtype)")
 flags.DEFINE_string("state_dtype", "", "optim.state_dtype: Adam's moments ('' the parameters')")
 flags.DEFINE_bool("phase_memory", True, "per-phase memory figures (each phase blocks at its end)")
+flags.DEFINE_float("length_mean", 0.0, "> 0: responses end at lognormal lengths of this mean "
+                   "(tokens; clipped to [1, --new_tokens]) instead of all running --new_tokens")
+flags.DEFINE_float("length_sigma", 0.6, "the lognormal's sigma (of log length)")
 
 
 def bench_task(vocab: int, prompt_len: int, num_eval: int = 8):
@@ -205,6 +214,39 @@ def memory_settings(trainer) -> dict:
           "plan": trainer.plan.summary_line()}
 
 
+def response_lengths(rows: int, step: int, new_tokens: int) -> "np.ndarray":
+  """--length_mean > 0: each row's response length, lognormal with mean --length_mean and
+  sigma --length_sigma of log length, clipped to [1, new_tokens], drawn per step (seeded)."""
+  import numpy as np
+  sigma = FLAGS.length_sigma
+  mu = np.log(FLAGS.length_mean) - sigma**2 / 2  # E[exp(N(mu, sigma^2))] = mean
+  draw = np.random.default_rng(step).lognormal(mu, sigma, rows)
+  return np.clip(np.round(draw), 1, new_tokens).astype(np.int32)
+
+
+def end_responses(trainer, lengths_of):
+  """Responses of a real task end at varying lengths: each step's decoded rows are cut at
+  `lengths_of(rows, step)` (the rest padding, as after an EOS) before the step is scored and
+  trained. The decode itself ran the full budget (a random model emits no EOS); what a varying
+  length changes, and what this measures, is the training of padded rows."""
+  import jax.numpy as jnp
+  complete = trainer.complete
+  pad = trainer.env.task.tokenizer.pad_id
+
+  def cut(step, b, t_start):
+    r = b.rollout
+    n = r.tokens.shape[1]
+    lengths = jnp.asarray(lengths_of(r.tokens.shape[0], step, n))
+    live = jnp.arange(n)[None] < lengths[:, None]
+    b.rollout = r._replace(tokens=jnp.where(live, r.tokens, pad),
+                           logprobs=jnp.where(live, r.logprobs, 0.0),
+                           sample_logprobs=jnp.where(live, r.sample_logprobs, 0.0),
+                           mask=live & r.mask, lengths=jnp.minimum(lengths, r.lengths))
+    return complete(step, b, t_start)
+
+  trainer.complete = cut
+
+
 def instrument(trainer, skip: int = 2):
   """Make each phase of the trainer's steps a measured one (memory_report.PhaseMemory, the
   `skip` warm-up steps left out) and keep what the compiled calls' analysis needs: the last
@@ -291,6 +333,8 @@ def main(argv):
   with tempfile.TemporaryDirectory() as workdir:
     trainer = make_trainer(workdir)
     cfg, run_dir = trainer.cfg, trainer.workdir
+    if FLAGS.length_mean > 0:
+      end_responses(trainer, response_lengths)
     phases = instrument(trainer) if FLAGS.phase_memory else None
     Loop(trainer, cfg, run_dir, cfg.train.num_steps, eval_at_start=False).run()
     memory = phase_memory(trainer, *phases) if phases else None
@@ -300,6 +344,7 @@ def main(argv):
     plen = np.full(rows_n, FLAGS.prompt_len)
     step_flops = trainer.step_flops(plen, np.full(rows_n, FLAGS.new_tokens))
     plan = trainer.plan.describe()
+    trainer_epochs = sum(m.batch.num_epochs for m in trainer.algo.models.values())
   step_s, step_spread = med(rows, "time/step")
   update_keys = [k for k in rows[0] if k.endswith("_update")]
   update_times = [sum(r[k] for k in update_keys) for r in rows]
@@ -322,6 +367,18 @@ def main(argv):
       name = k.split("/")[1] + "_s"
       out[name], out["spread"][name] = med(rows, k)
   out["spread"]["update_s"] = [min(update_times), max(update_times)]
+  # Per trained token: the update's seconds over the rows' real tokens (prompt and response
+  # tokens, padding left out), and over the tokens of the fixed shape (rows x (prompt + new)).
+  epochs = trainer_epochs  # each epoch trains every token once more
+  real = [r["train_tokens"] * epochs for r in rows]
+  out["real_tokens_per_step"] = statistics.median(real)
+  out["update_us_per_real_token"] = 1e6 * statistics.median(
+      t / n for t, n in zip(update_times, real))
+  out["update_us_per_shape_token"] = 1e6 * update_s / (
+      rows_n * (FLAGS.prompt_len + FLAGS.new_tokens) * epochs)
+  if FLAGS.length_mean > 0:
+    out["length_mean"], out["length_sigma"] = FLAGS.length_mean, FLAGS.length_sigma
+    out["response_length_mean"] = statistics.median(r["response/length_mean"] for r in rows)
   if FLAGS.matmul:
     out["matmul_tflops_per_s"] = matmul_tflops(FLAGS.matmul, FLAGS.dtype)
     out["update_fraction_of_matmul"] = out["update_tflops_per_s"] / out["matmul_tflops_per_s"]

@@ -97,21 +97,24 @@ class Sampler:
       logging.info("sampler: compiling for %d rows x %d prompt tokens%s", *shape,
                    f", each run of {group_size} copies of a prompt prefilled once"
                    if group_size > 1 else "")
-      cache_shardings = self._cache_shardings(_cache_shapes(cfg, self.params, *shape))
+      shards = sharding.batch_divisor(self.mesh, self.rules)
+      cache_shardings = self._cache_shardings(_cache_shapes(cfg, self.params, *shape, shards))
       run = functools.partial(self._run, group=group_size)
       # keep_unused: _decode reads only the cache's shapes, and jit drops an argument it never
       # reads, donation included; kept, XLA writes the new cache into the donated one.
       self._calls[shape, group_size] = (
           jax.jit(run, donate_argnums=1, keep_unused=True,
                   out_shardings=(self._rollout_shardings, cache_shardings)),
-          jax.jit(lambda: _empty_cache(cfg, self.params, *shape), out_shardings=cache_shardings))
+          jax.jit(lambda: _empty_cache(cfg, self.params, *shape, shards),
+                  out_shardings=cache_shardings))
     return self._calls[shape, group_size]
 
   def abstract_args(self, state: nnx.State, shape: tuple[int, int]) -> tuple:
     """The arguments of `call_for(state, shape)[0]` as ShapeDtypeStructs with the shardings
     the call is given (`state` as passed, e.g. already abstract): lowering with them compiles
     the call that a real one of `shape` runs, and allocates nothing (memory_fit)."""
-    shapes = _cache_shapes(nnx.merge(self.graphdef, state).cfg, self.params, *shape)
+    shapes = _cache_shapes(nnx.merge(self.graphdef, state).cfg, self.params, *shape,
+                           sharding.batch_divisor(self.mesh, self.rules))
     cache = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                          shapes, self._cache_shardings(shapes))
     b1, b2 = (sharding.batch_sharding(self.mesh, n, self.rules) for n in (1, 2))
@@ -136,13 +139,15 @@ class Sampler:
                      mask_BxP.astype(bool), key, row_ids, group)
 
 
-def _cache_shapes(cfg, p: SamplingParams, batch: int, prompt_len: int) -> Cache:
-  return jax.eval_shape(lambda: _empty_cache(cfg, p, batch, prompt_len))
+def _cache_shapes(cfg, p: SamplingParams, batch: int, prompt_len: int, shards: int = 1) -> Cache:
+  return jax.eval_shape(lambda: _empty_cache(cfg, p, batch, prompt_len, shards))
 
 
-def _empty_cache(cfg, p: SamplingParams, batch: int, prompt_len: int) -> Cache:
+def _empty_cache(cfg, p: SamplingParams, batch: int, prompt_len: int, shards: int = 1) -> Cache:
+  """The KV cache of a call of `batch` rows over `shards` batch shards (the chunk's slots
+  follow the rows per device under decode_chunk='auto')."""
   slots = p.max_new_tokens - 1
-  chunk = kv_cache.chunk_size(slots, p.decode_chunk)
+  chunk = kv_cache.chunk_size(slots, p.decode_chunk, batch // max(shards, 1))
   n = kv_cache.num_chunks(slots, chunk) if slots else 0
   kvh, d, dt = cfg.num_kv_heads, cfg.head_dim, cfg.compute_dtype
   return Cache([kv_cache.empty_chunk(batch, kvh, d, prompt_len, dt) for _ in range(cfg.num_layers)],

@@ -23,7 +23,7 @@ class SamplingParams:
   top_p: float = 1.0  # 1 keeps every token
   eos_ids: tuple[int, ...] = ()
   pad_id: int = 0
-  decode_chunk: int = 64  # KV-cache slots per chunk of generated tokens
+  decode_chunk: int | str = 64  # KV-cache slots per chunk of generated tokens, or "auto"
 
   def __post_init__(self):
     errors = []
@@ -35,8 +35,10 @@ class SamplingParams:
       errors.append(f"top_k={self.top_k} must be >= 0")
     if not 0 < self.top_p <= 1:
       errors.append(f"top_p={self.top_p} must be in (0, 1]")
-    if self.decode_chunk < 1:
-      errors.append(f"decode_chunk={self.decode_chunk} must be >= 1")
+    if self.decode_chunk != "auto" and (isinstance(self.decode_chunk, bool)
+                                        or not isinstance(self.decode_chunk, int)
+                                        or self.decode_chunk < 1):
+      errors.append(f"decode_chunk={self.decode_chunk!r} must be >= 1 or 'auto'")
     if errors:
       raise ValueError("sampling: " + "; ".join(errors))
     object.__setattr__(self, "eos_ids", tuple(int(e) for e in self.eos_ids))
