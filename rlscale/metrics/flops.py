@@ -52,6 +52,19 @@ def train_flops(cfg: ModelConfig, sequence_lengths) -> float:
   return 3.0 * forward_flops(cfg, n.sum(), causal_pairs(n))
 
 
+def shared_prompt_train_flops(cfg: ModelConfig, prompt_lengths, response_lengths,
+                              group: int) -> float:
+  """train_flops of rows trained in groups of `group` whose shared prompt runs once
+  (rlscale/models/shared_prompt.py): each group's prompt (its first row's length) once, each
+  response's tokens but its last (no position needs the last one's output) attending to the
+  prompt and to its own earlier tokens."""
+  p = np.asarray(prompt_lengths, np.float64).reshape(-1, group)[:, 0]
+  r = np.maximum(np.asarray(response_lengths, np.float64) - 1, 0)
+  rows_prompt = np.repeat(p, group)
+  attended = causal_pairs(p) + float(np.sum(r * rows_prompt + r * (r + 1) / 2))
+  return 3.0 * forward_flops(cfg, p.sum() + r.sum(), attended)
+
+
 def peak(configured: float, device_kind: str) -> float | None:
   if configured:
     return float(configured)

@@ -18,6 +18,11 @@ def test_counts_by_hand():
   assert flops.train_flops(CFG, [3]) == 3 * flops.forward_flops(CFG, 3, 6)
   # Prompt of 2, 2 generated tokens: 4 forward tokens; keys 1 + 2 (prefill) + 3 + 4 (decode).
   assert flops.rollout_flops(CFG, [2], [2]) == flops.forward_flops(CFG, 4, 10)
+  # Shared prompt: one group of 2 rows, prompt 2, responses of 3 and 1 tokens. The prompt runs
+  # once (keys 1 + 2); row 1's first 2 response tokens attend to the prompt and themselves
+  # (2 x 2 + 1 + 2), row 2's none (its only token is no position's input): 4 tokens, 10 keys.
+  assert flops.shared_prompt_train_flops(CFG, [2, 2], [3, 1], 2) == 3 * flops.forward_flops(
+      CFG, 4, 10)
 
 
 def test_peak_lookup():
