@@ -205,7 +205,7 @@ def rollout(max_new_tokens: int) -> ml_collections.ConfigDict:
   # responses per compiled decode call; auto: the largest whose compiled decode fits the
   # device memory (rlscale/sampling/memory_fit.py), recorded in summary.json
   c.generation_batch = auto_or_int()
-  # KV-cache slots per chunk of generated tokens; 'auto': 16 from 256 rows per device, else 64
+  # KV-cache slots per chunk of generated tokens; 'auto': 16 from 128 rows per device, else 64
   c.decode_chunk = auto_or_int()
   # Generate step N+1's responses while step N trains (one step off-policy, as in verl,
   # AReaL, PipelineRL); the lag is recorded and the ratio uses the sampler's log-probs.

@@ -89,6 +89,15 @@ def register_all() -> None:
     importlib.import_module(f"rlscale.rl.{module.name}")
 
 
+def batch_group(ctx: Context) -> int:
+  """G when a forward over the whole step's batch (old or reference log-probs, the critic's
+  values) can run each group's prompt once: shared-prompt training is on and every batch shard
+  holds whole groups of the step; else 1."""
+  plan = ctx.plan
+  g = plan.main.shared_prompt
+  return g if g > 1 and (plan.responses // plan.shards) % g == 0 else 1
+
+
 def trained_model(ctx: Context, name: str, forward, loss, params, optim_cfg, prox_com: float = 0.0):
   """A `Trained` model sized by the plan's batch for `name` ("actor", "critic")."""
   from rlscale.rl.trained import Trained

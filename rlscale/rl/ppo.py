@@ -110,8 +110,9 @@ class PPO:
                                           critic_params, c.optim)
     self.models = {"actor": self.actor, "critic": self.critic}
     self.ref_params = jax.tree.map(jnp.copy, ctx.params) if r.kl_coef else None
-    self.logprobs = response_fn(forward, "logp", env.mesh, env.rules)
-    self.values = response_fn(value_forward(critic_graphdef), "values", env.mesh, env.rules)
+    group = algorithm.batch_group(ctx)
+    self.logprobs = response_fn(forward, "logp", env.mesh, env.rules, group)
+    self.values = response_fn(value_forward(critic_graphdef), "values", env.mesh, env.rules, group)
     self.advantages = make_advantages(r)
 
   def prepare(self, batch, sample_logp, scores):

@@ -98,13 +98,16 @@ def value_forward(graphdef: nnx.GraphDef, remat: str = "none"):
   return forward
 
 
-def response_fn(forward, field: str, mesh: Mesh, rules: sharding.Rules):
+def response_fn(forward, field: str, mesh: Mesh, rules: sharding.Rules, group: int = 1):
   """A jitted `fn(params, batch) -> forward(params, batch).<field>`, e.g. the old or reference
-  log-probs (`policy_forward`, "logp") or the critic's values (`value_forward`, "values")."""
+  log-probs (`policy_forward`, "logp") or the critic's values (`value_forward`, "values");
+  `group` > 1: the batch's rows are whole groups on every batch shard, each prompt run once."""
   @jax.jit
   def fn(params, tokens, mask, resp_mask):
     with sharding.activation_sharding(mesh, rules):
-      return getattr(forward(params, SequenceBatch(tokens, mask, resp_mask, {})), field)
+      mb = SequenceBatch(tokens, mask, resp_mask, {})
+      out = forward(params, mb) if group == 1 else forward(params, mb, None, group)
+      return getattr(out, field)
 
   def call(params, batch):
     return fn(params, batch.tokens, batch.mask, batch.resp_mask)

@@ -38,10 +38,11 @@ def empty_chunk(batch: int, kv_heads: int, head_dim: int, chunk: int, dtype) -> 
   return Segment(c(k, "act_kv_heads", None, None), c(v, "act_kv_heads", None, None))
 
 
-# decode_chunk='auto': rows per device from which short chunks pay (measured on a CPU, 4-layer
-# d=256 model, prompt 32 + 64 new: 16-slot chunks +31% responses/s at 512 rows, -15% at 64;
-# docs/performance.md).
-SHORT_CHUNK_ROWS, SHORT_CHUNK, LONG_CHUNK = 256, 16, 64
+# decode_chunk='auto': rows per device from which short chunks pay. Measured on a 2-core CPU,
+# the Qwen3-shaped 4-layer d=256 model, prompt 32 + 64 new, generated tokens/s of 16-slot
+# chunks against 64-slot ones: -3% at 64 rows, +14% at 128, +2% at 256, +12% at 512 (8 and
+# 32 slots at 512 rows: -4%, -3%); docs/performance.md.
+SHORT_CHUNK_ROWS, SHORT_CHUNK, LONG_CHUNK = 128, 16, 64
 
 
 def chunk_size(slots: int, decode_chunk: int | str, rows_per_device: int = 1) -> int:

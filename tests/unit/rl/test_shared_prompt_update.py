@@ -92,3 +92,19 @@ def test_shared_prompt_needs_micro_batches_of_whole_groups():
                 num_minibatches=1, num_epochs=1, microbatch=6, aggregation="token-mean",
                 max_len=5, mesh=mesh, rules=sharding.rules_from_config(None), group_size=4,
                 shared_prompt=4)
+
+
+def test_whole_batch_forwards_run_each_prompt_once():
+  """The old/reference log-probs and the critic's values over the step's batch (response_fn
+  with the group), on 4 batch shards of 2 groups each, against the per-row forward."""
+  from rlscale.rl.update import response_fn
+  rules = sharding.rules_from_config(None)
+  mesh = sharding.make_mesh((2, 2, 2))
+  b = batch()
+  for model, forward, field in ((models.CausalLM, policy_forward, "logp"),
+                                (models.ValueModel, value_forward, "values")):
+    graphdef, params = nnx.split(model(CFG, rngs=nnx.Rngs(params=0)))
+    want = response_fn(forward(graphdef), field, mesh, rules)(params, b)
+    got = response_fn(forward(graphdef), field, mesh, rules, group=G)(params, b)
+    np.testing.assert_allclose(np.where(b.resp_mask, got, 0), np.where(b.resp_mask, want, 0),
+                               atol=1e-5, err_msg=field)

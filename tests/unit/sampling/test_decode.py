@@ -52,12 +52,13 @@ def test_auto_decode_chunk_follows_the_rows_per_device():
   from rlscale.sampling.decode import _cache_shapes
   assert kv_cache.chunk_size(63, "auto", rows_per_device=64) == 64
   assert kv_cache.chunk_size(63, "auto", rows_per_device=512) == 16
-  assert kv_cache.chunk_size(511, "auto", rows_per_device=255) == 64
+  assert kv_cache.chunk_size(511, "auto", rows_per_device=127) == 64
+  assert kv_cache.chunk_size(511, "auto", rows_per_device=128) == 16
   assert kv_cache.chunk_size(9, "auto", rows_per_device=512) == 16  # slots rounded up to 16
   cfg = models.named("tiny", vocab_size=64)
   p = SamplingParams(max_new_tokens=64, decode_chunk="auto")
   slots = lambda rows, shards: _cache_shapes(cfg, p, rows, 8, shards).chunks[0][0].v_BxKxTxD.shape[2]
-  assert (slots(512, 1), slots(512, 8), slots(2048, 8)) == (16, 64, 16)  # rows per device
+  assert (slots(512, 1), slots(512, 8), slots(1024, 8)) == (16, 64, 16)  # rows per device
   with pytest.raises(ValueError, match="decode_chunk='x' must be >= 1 or 'auto'"):
     SamplingParams(max_new_tokens=4, decode_chunk="x")
 
