@@ -102,3 +102,13 @@ def test_same_numbers_compares_the_computation_not_the_machine():
   assert "actor/loss = 0.25 before, absent after" in m.compare(
       [row], [{k: v for k, v in row.items() if k != "actor/loss"}])
   assert m.compare([row], [row, row]) == "1 rows before, 2 after"
+  # A stated relative tolerance, and keys whose change is the point left out.
+  near = dict(row, **{"actor/loss": 0.25 * (1 + 5e-5)})
+  assert m.compare([row], [near], rtol=1e-4) is None
+  assert m.compare([row], [near], rtol=1e-5) is not None
+  assert m.max_relative([row], [near]) == (pytest.approx(5e-5, rel=1e-3), "actor/loss")
+  tiny = dict(row, **{"actor/approx_kl": 5.9e-15})  # rounding noise around 0
+  assert m.compare([tiny], [dict(tiny, **{"actor/approx_kl": 2.9e-15})], rtol=1e-4, atol=1e-9) is None
+  noise = dict(row, **{"actor/noise_responses/b_simple": 3.0})
+  assert m.compare([noise], [row], ignore=("actor/noise_responses",)) is None
+  assert "absent after" in m.compare([noise], [row])
