@@ -15,9 +15,12 @@ fraction of even ids (the peers' reward, ../shared/peers/).
 Sizes come from the batch plan: --microbatch 0 (the default) leaves rl.microbatch (and the
 critic's) 'auto', what users get, and the line says what it chose. Times are medians over
 --steps steps after two warm-up steps (compilation); `spread` gives min and max.
-`update_tflops_per_s` is the update's model FLOPs (rlscale/metrics/flops.py, the trainer's own count)
-over its time, and `matmul_tflops_per_s` a jitted 2048x2048 matmul of --dtype measured in the
-same process, the machine's reference; `update_fraction_of_matmul` is their ratio.
+`update_tflops_per_s` is the update's model FLOPs (rlscale/metrics/flops.py, the trainer's own
+count) over its time, `update_executed_tflops_per_s` the FLOPs its layout computes (each
+group's prompt once under shared-prompt training), `matmul_tflops_per_s` a jitted 2048x2048
+matmul of --dtype measured in the same process, the machine's reference, and
+`update_fraction_of_matmul` the executed rate over it. The counts are of the fixed shape, so
+none of the three is given with --length_mean.
 
 Lengths: by default every response runs --new_tokens tokens. --length_mean=M cuts each
 decoded response at a lognormal length of mean M tokens (--length_sigma of log length) before
@@ -74,6 +77,7 @@ flags.DEFINE_bool("phase_memory", True, "per-phase memory figures (each phase bl
 flags.DEFINE_float("length_mean", 0.0, "> 0: responses end at lognormal lengths of this mean "
                    "(tokens; clipped to [1, --new_tokens]) instead of all running --new_tokens")
 flags.DEFINE_float("length_sigma", 0.6, "the lognormal's sigma (of log length)")
+flags.DEFINE_enum("shared_prompt", "auto", ["auto", "true", "false"], "train.shared_prompt")
 
 
 def bench_task(vocab: int, prompt_len: int, num_eval: int = 8):
@@ -138,6 +142,7 @@ def run_config(workdir: str):
   cfg.mesh.roles, cfg.mesh.sampler_devices = FLAGS.roles, FLAGS.sampler_devices
   cfg.mesh.sampler_shape = [int(s) for s in FLAGS.sampler_mesh]
   cfg.rollout.overlap = FLAGS.overlap
+  cfg.train.shared_prompt = {"auto": "auto", "true": True, "false": False}[FLAGS.shared_prompt]
   cfg.init.hf_checkpoint = os.path.join(workdir, "base")
   cfg.rollout.max_new_tokens = FLAGS.new_tokens
   cfg.rl.num_prompts, cfg.rl.group_size = FLAGS.prompts, FLAGS.group
@@ -317,6 +322,19 @@ def phase_memory(trainer, phases, seen) -> dict[str, dict[str, float]]:
           for k, row in out.items()}
 
 
+def executed_update_flops(trainer, plen, rlen) -> float:
+  """The update's FLOPs as its layout computes them: each group's prompt once under
+  shared-prompt training (flops.shared_prompt_train_flops), else the trainer's model FLOPs."""
+  from rlscale.metrics import flops
+  total = 0.0
+  for m in trainer.algo.models.values():
+    g = m.batch.shared_prompt
+    per = (flops.shared_prompt_train_flops(trainer.model_cfg, plen, rlen, g) if g > 1
+           else flops.train_flops(trainer.model_cfg, plen + rlen))
+    total += per * m.batch.num_epochs
+  return total
+
+
 def med(rows, key):
   vals = [r.get(key, 0.0) for r in rows]
   return statistics.median(vals), [min(vals), max(vals)]
@@ -343,6 +361,7 @@ def main(argv):
     rows_n = trainer.plan.responses
     plen = np.full(rows_n, FLAGS.prompt_len)
     step_flops = trainer.step_flops(plen, np.full(rows_n, FLAGS.new_tokens))
+    executed = executed_update_flops(trainer, plen, np.full(rows_n, FLAGS.new_tokens))
     plan = trainer.plan.describe()
     trainer_epochs = sum(m.batch.num_epochs for m in trainer.algo.models.values())
   step_s, step_spread = med(rows, "time/step")
@@ -357,6 +376,7 @@ def main(argv):
          "step_s": step_s, "spread": {"step_s": step_spread},
          "responses_per_s": rows_n / step_s, "update_s": update_s,
          "update_tflops_per_s": step_flops["update"] / update_s / 1e12,
+         "update_executed_tflops_per_s": executed / update_s / 1e12,
          "steps": len(rows), "devices": jax.device_count(), "roles": FLAGS.roles,
          "sampler_devices": FLAGS.sampler_devices if FLAGS.roles == "split" else None,
          "overlap": FLAGS.overlap, **memory_settings(trainer),
@@ -376,12 +396,16 @@ def main(argv):
       t / n for t, n in zip(update_times, real))
   out["update_us_per_shape_token"] = 1e6 * update_s / (
       rows_n * (FLAGS.prompt_len + FLAGS.new_tokens) * epochs)
-  if FLAGS.length_mean > 0:
+  if FLAGS.length_mean > 0:  # the FLOP counts above are of the fixed shape
+    for k in ("update_tflops_per_s", "update_executed_tflops_per_s"):
+      out.pop(k)
     out["length_mean"], out["length_sigma"] = FLAGS.length_mean, FLAGS.length_sigma
     out["response_length_mean"] = statistics.median(r["response/length_mean"] for r in rows)
   if FLAGS.matmul:
     out["matmul_tflops_per_s"] = matmul_tflops(FLAGS.matmul, FLAGS.dtype)
-    out["update_fraction_of_matmul"] = out["update_tflops_per_s"] / out["matmul_tflops_per_s"]
+    if "update_executed_tflops_per_s" in out:
+      out["update_fraction_of_matmul"] = (out["update_executed_tflops_per_s"]
+                                          / out["matmul_tflops_per_s"])
   out.update(peak_memory(), **({"memory": memory} if memory else {}))
   out["loadavg_1m_at_end"] = os.getloadavg()[0]
   out["spread"] = {k: [round(v, 4) for v in vs] for k, vs in out["spread"].items()}

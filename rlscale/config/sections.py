@@ -166,7 +166,9 @@ def run(num_steps: int) -> ml_collections.ConfigDict:
   c.logprob_chunk = 8192
   # RL: micro-batches of whole groups run each group's shared prompt once, forward and
   # backward (rlscale/models/shared_prompt.py). 'auto': when the micro-batch holds whole groups
-  # on every batch shard (the plan prefers one); True: required; False: every row on its own.
+  # on every batch shard (the plan prefers one) and each model takes one optimizer step per
+  # epoch (num_minibatches 1: the shuffle then changes no gradient); True: required; False:
+  # every row on its own.
   # With it every update shuffles by whole groups: the noise scale is measured in prompts only.
   c.shared_prompt = auto_or_int()  # "auto" | True | False
   return c
@@ -299,6 +301,8 @@ def _parse(text: str, like):
     if isinstance(like, kind):
       return kind(text)
   if like == "auto" or like is None:
+    if text.lower() in ("true", "false"):  # train.shared_prompt: 'auto' | True | False
+      return text.lower() == "true"
     try:
       return int(text)
     except ValueError:

@@ -58,8 +58,12 @@ def attention(q_BxSxKxQxD, k_BxSxKxD, v_BxSxKxD, kp_gxTxKxD, vp_gxTxKxD, pmask_g
   s_r = s_r.reshape((g, group) + s_r.shape[1:])
   p = jax.nn.softmax(jnp.concatenate([s_p, s_r], axis=-1), axis=-1).astype(v_BxSxKxD.dtype)
   p_p, p_r = p[..., :tp], p[..., tp:].reshape((b,) + s_r.shape[2:])
-  out = jnp.einsum("hikqst,htkd->hiskqd", p_p, vp_gxTxKxD).reshape(q_BxSxKxQxD.shape)
-  return out + jnp.einsum("bkqst,btkd->bskqd", p_r, v_BxSxKxD)
+  # Both halves accumulate in float32 and are added before the cast, as the per-row path's one
+  # einsum over all keys would round once.
+  out = jnp.einsum("hikqst,htkd->hiskqd", p_p, vp_gxTxKxD,
+                   preferred_element_type=jnp.float32).reshape(q_BxSxKxQxD.shape)
+  out = out + jnp.einsum("bkqst,btkd->bskqd", p_r, v_BxSxKxD, preferred_element_type=jnp.float32)
+  return out.astype(v_BxSxKxD.dtype)
 
 
 def block(layer, xp, xr, rope_p, rope_r, pmask_gxT, pmask_gxTxT, rmask_BxSxS, group: int):

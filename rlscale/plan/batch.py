@@ -269,7 +269,10 @@ def _model(errors, name, prefix, section, rows, shards, seq_len, noise,
                   f"rows): the noise scale needs two or more; lower it, set it to 'auto', or set "
                   f"noise.enabled=False")
   on = shared is not False and group >= 2 and micro and micro % (group * shards) == 0
-  if shared is True and not on and not errors:
+  if shared is True and not errors and group < 2:
+    errors.append(f"train.shared_prompt=True needs groups of 2 or more responses "
+                  f"(rl.group_size={group})")
+  elif shared is True and not on and not errors:
     errors.append(f"train.shared_prompt=True needs micro-batches of whole groups on every batch "
                   f"shard: {prefix}.microbatch={micro} is not a multiple of rl.group_size x "
                   f"batch shards ({group} x {shards}); set it to 'auto' or False")
@@ -278,8 +281,9 @@ def _model(errors, name, prefix, section, rows, shards, seq_len, noise,
 
 def _shared_prompt(errors: list[str], cfg) -> Any:
   """train.shared_prompt: 'auto', True or False (False when responses are single tokens: no
-  response position feeds another)."""
-  value = cfg["train"].get("shared_prompt", AUTO)
+  response position feeds another; 'auto' is also False when a model takes several optimizer
+  steps per epoch, whose mini-batches it would make whole groups)."""
+  value = cfg["train"]["shared_prompt"]
   if value != AUTO and not isinstance(value, bool):
     errors.append(f"train.shared_prompt={value!r} must be 'auto', True or False")
     return False
@@ -335,6 +339,11 @@ def _plan(cfg, shards, processes, seq_len, kv_bytes_per_row, gen_shards, memory)
     g = _int(errors, "rl.group_size", r["group_size"])
     rows = p * g
     shared = _shared_prompt(errors, cfg)
+    if shared == AUTO and any(s["num_minibatches"] != 1 for s in
+                              [r] + ([cfg["critic"]] if "critic" in cfg else [])):
+      # Mini-batches of whole groups would change what each optimizer step sees (32 prompts
+      # instead of 128 random responses): 'auto' keeps the per-row shuffle; True takes it.
+      shared = False
     models = {"actor": _model(errors, "actor", "rl", r, rows, shards, seq_len, noise, memory,
                               g, shared)}
     if "critic" in cfg:

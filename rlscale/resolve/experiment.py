@@ -155,7 +155,12 @@ def config_hash(cfg: ml_collections.ConfigDict, drop: tuple[str, ...] = ()) -> s
 
 
 # Fields a resumed run may change without asking: they change no number the run computes.
-FREE_TO_CHANGE = ("train.log_every", "train.tensorboard", "train.async_checkpoint")
+# Also free: how the same numbers are computed (to float rounding): a run started before
+# these fields existed (filled with the layout it ran: shared_prompt False, decode_chunk 64)
+# resumes under the new defaults with no flag.
+FREE_TO_CHANGE = ("train.log_every", "train.tensorboard", "train.async_checkpoint",
+                  "train.shared_prompt", "rollout.decode_chunk")
+
 def _has_checkpoint(workdir: str) -> bool:
   folder = os.path.join(workdir, "checkpoints")
   return os.path.isdir(folder) and any(n.isdigit() for n in os.listdir(folder))

@@ -298,20 +298,16 @@ class RLTrainer:
 
   def step_flops(self, plen, rlen, generate: float | None = None) -> dict[str, float]:
     """Model FLOPs of the step's phases over this process's trained rows (plen, rlen); the
-    generation's are of those rows too unless given (dynamic sampling generates more). The
-    update's count those its layout computes: each group's prompt once under shared-prompt
-    training (flops.shared_prompt_train_flops)."""
+    generation's are of those rows too unless given (dynamic sampling generates more). Model
+    FLOPs of the rows as data, whatever the layout: shared-prompt training computes fewer
+    (flops.shared_prompt_train_flops), and a sweep whose points differ in layout keeps one
+    compute axis."""
     fwd = flops.train_flops(self.model_cfg, plen + rlen) / 3  # one forward over the batch
-    update = 0.0
-    for m in self.algo.models.values():  # shared-prompt training runs each group's prompt once
-      g = m.batch.shared_prompt
-      train = (flops.shared_prompt_train_flops(self.model_cfg, plen, rlen, g)
-               if g > 1 and len(plen) % g == 0 else 3 * fwd)
-      update += train * m.batch.num_epochs
+    epochs = sum(m.batch.num_epochs for m in self.algo.models.values())
     if generate is None:
       generate = distributed.global_sum(flops.rollout_flops(self.model_cfg, plen, rlen))
     return {"generate": generate,
-            "update": distributed.global_sum(update),
+            "update": distributed.global_sum(3 * fwd * epochs),
             "logprobs": distributed.global_sum(fwd * self.algo.extra_forwards())}
 
   # --- a finished step's host metrics ---

@@ -117,11 +117,17 @@ def test_a_run_from_before_an_added_field_resumes_with_its_old_behaviour(tmp_pat
   with open(tmp_path / "config.json") as f:
     old = json.load(f)
   for section, field in (("mesh", "roles"), ("mesh", "sampler_devices"),
-                         ("mesh", "sampler_shape"), ("rollout", "overlap")):
+                         ("mesh", "sampler_shape"), ("rollout", "overlap"),
+                         ("train", "shared_prompt")):
     del old[section][field]
   with open(tmp_path / "config.json", "w") as f:
     json.dump(old, f)
+  old["rollout"]["decode_chunk"] = 64  # the fixed default of before
+  with open(tmp_path / "config.json", "w") as f:
+    json.dump(old, f)
   os.makedirs(tmp_path / "checkpoints" / "2")
+  # train.shared_prompt (filled False) and rollout.decode_chunk (64) against 'auto': the same
+  # numbers computed another way, free to change on resume.
   experiment.check_resume(str(tmp_path), cfg)
   cfg.rollout.overlap = True
   with pytest.raises(ConfigError, match=r"rollout.overlap: False -> True"):

@@ -142,10 +142,18 @@ def test_shared_prompt_takes_micro_batches_of_whole_groups_per_shard():
   p = batch.plan(_cfg(), shards=1, seq_len=13)  # the main job: 64 rows = 8 groups of 8
   assert p.models["actor"].shared_prompt == 8 and "each prompt once" in p.summary_line()
   assert p.describe()["actor"]["shared_prompt"] is True
-  cfg = _cfg("ppo.py")  # G = 4, 8 shards: micro-batches of 32 rows, 4 groups per shard
+  cfg = _cfg("ppo.py")  # two mini-batches per epoch: 'auto' keeps the per-row shuffle
+  assert all(m.shared_prompt == 1 for m in batch.plan(cfg, shards=8, seq_len=13).models.values())
+  cfg.rl.num_minibatches = cfg.critic.num_minibatches = 1  # G = 4 over 8 shards: 32-row passes
   p = batch.plan(cfg, shards=8, seq_len=13)
   for m in p.models.values():
     assert m.shared_prompt == 4 and m.microbatch % 32 == 0 and m.num_micro >= 2
+  cfg.rl.num_minibatches, cfg.train.shared_prompt = 2, True  # asked for: mini-batches of groups
+  assert batch.plan(cfg, shards=8, seq_len=13).models["actor"].shared_prompt == 4
+  cfg.rl.group_size = 1
+  with pytest.raises(ConfigError, match=r"train.shared_prompt=True needs groups of 2 or more "
+                     r"responses \(rl.group_size=1\)"):
+    batch.plan(cfg, shards=8, seq_len=13)
   cfg = _cfg("grpo.py:tiny")  # P = 4 x G = 4 over 8 shards: no micro-batch of whole groups
   p = batch.plan(cfg, shards=8, seq_len=13)
   assert p.models["actor"].shared_prompt == 1 and p.models["actor"].microbatch == 8
@@ -154,8 +162,8 @@ def test_shared_prompt_takes_micro_batches_of_whole_groups_per_shard():
                      r"groups on every batch shard: rl.microbatch=8 is not a multiple of "
                      r"rl.group_size x batch shards \(4 x 8\)"):
     batch.plan(cfg, shards=8, seq_len=13)
-  off = _cfg()
-  off.train.shared_prompt = False
+  off = _cfg("grpo.py:train.shared_prompt=False")  # the config-argument form gives a bool
+  assert off.train.shared_prompt is False
   assert batch.plan(off, shards=1, seq_len=13).models["actor"].shared_prompt == 1
   old = _cfg()  # a run's config.json from before the field: rows on their own, as it ran
   del old.train["shared_prompt"]
