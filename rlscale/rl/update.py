@@ -98,6 +98,12 @@ def value_forward(graphdef: nnx.GraphDef, remat: str = "none"):
   return forward
 
 
+def run_forward(forward, params, mb: SequenceBatch, prox, group: int):
+  """forward(params, mb, prox), with `group` only when rows share prompts: a forward written
+  for rows alone (three arguments, as an algorithm's own may be) still serves group 1."""
+  return forward(params, mb, prox) if group == 1 else forward(params, mb, prox, group)
+
+
 def response_fn(forward, field: str, mesh: Mesh, rules: sharding.Rules, group: int = 1):
   """A jitted `fn(params, batch) -> forward(params, batch).<field>`, e.g. the old or reference
   log-probs (`policy_forward`, "logp") or the critic's values (`value_forward`, "values");
@@ -105,9 +111,8 @@ def response_fn(forward, field: str, mesh: Mesh, rules: sharding.Rules, group: i
   @jax.jit
   def fn(params, tokens, mask, resp_mask):
     with sharding.activation_sharding(mesh, rules):
-      mb = SequenceBatch(tokens, mask, resp_mask, {})
-      out = forward(params, mb) if group == 1 else forward(params, mb, None, group)
-      return getattr(out, field)
+      return getattr(run_forward(forward, params, SequenceBatch(tokens, mask, resp_mask, {}),
+                                 None, group), field)
 
   def call(params, batch):
     return fn(params, batch.tokens, batch.mask, batch.resp_mask)
@@ -165,8 +170,7 @@ def micro_grad_fn(forward, loss: TokenLoss, group: int = 1):
     mb, w, mw = xs
     mb, w, mw = jax.tree.map(lambda x: sharding.constrain(x, ("batch",) + (None,) * (x.ndim - 1)),
                              (mb, w, mw))
-    inputs = forward(params, mb, prox) if group == 1 else forward(params, mb, prox, group)
-    per_token, metrics = loss(inputs)
+    per_token, metrics = loss(run_forward(forward, params, mb, prox, group))
     return jnp.sum(w * per_token), {k: jnp.sum(mw * v) for k, v in metrics.items()}
 
   return jax.value_and_grad(micro_loss, has_aux=True)
