@@ -47,6 +47,17 @@ class CheckpointDamaged(Exception):
     super().__init__(f"checkpoint step {step} is damaged: {array}: {problem}")
 
 
+def _remove_tree(path: str, seconds: float = 10.0) -> None:
+  """rmtree, again while a writer of the failed save (a tensorstore thread) still adds files to
+  `path` (one pass then stops at 'directory not empty' and leaves it), for at most `seconds`."""
+  deadline = time.monotonic() + seconds
+  while os.path.lexists(path):
+    shutil.rmtree(path, ignore_errors=True)
+    if not os.path.lexists(path) or time.monotonic() > deadline:
+      return
+    time.sleep(0.05)
+
+
 class Checkpointer:
   def __init__(self, directory: str, keep: int = 2, async_save: bool = True):
     self.directory = os.path.abspath(directory)
@@ -85,9 +96,11 @@ class Checkpointer:
         raise
       step, nbytes = self._in_flight
       self._in_flight = None
+      with contextlib.suppress(Exception):  # the failed save's other writers finish first
+        self._manager.wait_until_finished()
       if jax.process_index() == 0:
         for partial in glob.glob(os.path.join(self.directory, f"{step}.orbax-checkpoint-tmp*")):
-          shutil.rmtree(partial, ignore_errors=True)
+          _remove_tree(partial)
       free = shutil.disk_usage(self.directory).free if os.path.isdir(self.directory) else 0
       self._manager.reload()
       last = self._manager.latest_step()
