@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rlscale.models import memory, shared_prompt
+from rlscale.models import memory, packed_rows, shared_prompt
 from rlscale.models.config import ModelConfig
 from rlscale.parallel.sharding import constrain
 from rlscale.models.layers import (Block, _param, c, dense, positions_from_mask, rms_norm,
@@ -17,6 +17,13 @@ def causal_mask(mask_BxT: jax.Array) -> jax.Array:
   """[B, S, T]: query s sees key t when t <= s and t is a real token."""
   t = mask_BxT.shape[-1]
   return jnp.tril(jnp.ones((t, t), bool))[None] & mask_BxT[:, None, :].astype(bool)
+
+
+def unpacked(first_B, packed_RxC, packing: packed_rows.Packing) -> jax.Array:
+  """[B, n]: a per-token output of the first response position and of the packed inputs, in
+  the per-row layout (0 where nothing was computed)."""
+  return jnp.concatenate([first_B[:, None], packed_rows.unpack(packed_RxC, packing.unpack)],
+                         axis=1)
 
 
 class Decoder(nnx.Module):
@@ -64,6 +71,14 @@ class Decoder(nnx.Module):
       policy = None if remat == "none" else memory.remat_policy(remat)
       return shared_prompt.hidden(self, tokens_BxT, mask_BxT, n, group, policy)
     return self(tokens_BxT, mask_BxT, remat=remat)[:, -n - 1:-1]
+
+  def packed_response_hidden(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, n: int,
+                             remat: str, group: int, packing: packed_rows.Packing):
+    """response_hidden's with the response stream packed (shared_prompt.packed_hidden): the
+    states predicting each row's first response token [B, E] and the packed ones [S*R, C, E]."""
+    policy = None if remat == "none" else memory.remat_policy(remat)
+    return shared_prompt.packed_hidden(self, tokens_BxT, mask_BxT, n, group, packing, policy)
+
 
   def prefill(self, tokens_BxT: jax.Array, mask_BxT: jax.Array):
     """(final-normed hidden state of the last position [B, E], every layer's k and v).
@@ -137,13 +152,23 @@ class CausalLM(nnx.Module):
 
   def response_logprobs(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, n: int,
                         chunk: int = 0, remat: str = "none",
-                        group: int = 1) -> tuple[jax.Array, jax.Array]:
+                        group: int = 1, packing: packed_rows.Packing | None = None
+                        ) -> tuple[jax.Array, jax.Array]:
     """float32 log p of the last n tokens and the entropy of the softmax that predicts each,
     [B, n] each, without [B, n, V] logits when `chunk` > 0 (models/memory.py); `remat`
     rematerializes the blocks for the backward pass. `group` > 1: rows are whole groups of
-    that many sharing their prompt, which runs once (models/shared_prompt.py)."""
-    hidden = self.model.response_hidden(tokens_BxT, mask_BxT, n, remat, group)
+    that many sharing their prompt, which runs once (models/shared_prompt.py); `packing`: their
+    responses packed (rl/packing.py), 0 at the positions it does not compute."""
     head, vocab_first = self.head()
+    if packing is not None:
+      first, packed = self.model.packed_response_hidden(tokens_BxT, mask_BxT, n, remat, group,
+                                                        packing)
+      targets = packed_rows.pack(tokens_BxT[:, -n + 1:], packing.src)
+      lp_k, ent_k = memory.logprobs_and_entropy(packed, head, targets, chunk, vocab_first)
+      lp_1, ent_1 = memory.logprobs_and_entropy(first[:, None], head, tokens_BxT[:, -n:-n + 1],
+                                                chunk, vocab_first)
+      return unpacked(lp_1[:, 0], lp_k, packing), unpacked(ent_1[:, 0], ent_k, packing)
+    hidden = self.model.response_hidden(tokens_BxT, mask_BxT, n, remat, group)
     return memory.logprobs_and_entropy(hidden, head, tokens_BxT[:, -n:], chunk, vocab_first)
 
   def token_logprobs(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, start: int,
@@ -169,9 +194,16 @@ class ValueModel(nnx.Module):
     return v + self.value_bias[...].astype(jnp.float32)
 
   def response_values(self, tokens_BxT: jax.Array, mask_BxT: jax.Array, n: int,
-                      remat: str = "none", group: int = 1) -> jax.Array:
-    """float32 [B, n]: V of the state before each of the last n tokens (`group` as
+                      remat: str = "none", group: int = 1,
+                      packing: packed_rows.Packing | None = None) -> jax.Array:
+    """float32 [B, n]: V of the state before each of the last n tokens (`group`, `packing` as
     CausalLM.response_logprobs')."""
-    hidden = self.model.response_hidden(tokens_BxT, mask_BxT, n, remat, group)
+    if packing is not None:
+      first, packed = self.model.packed_response_hidden(tokens_BxT, mask_BxT, n, remat, group,
+                                                        packing)
+      return unpacked(self._value(first), self._value(packed), packing)
+    return self._value(self.model.response_hidden(tokens_BxT, mask_BxT, n, remat, group))
+
+  def _value(self, hidden: jax.Array) -> jax.Array:
     v = dense(hidden, self.value_head[...].astype(hidden.dtype), preferred_element_type=jnp.float32)
     return v + self.value_bias[...].astype(jnp.float32)

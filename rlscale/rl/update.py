@@ -19,12 +19,15 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh
 
 from rlscale.parallel import sharding
 from rlscale.models import memory
+from rlscale.models.packed_rows import Packing
+from rlscale.rl import packing
 from rlscale.rl.losses import microbatch_shares, token_weights
 
 
@@ -71,16 +74,17 @@ def policy_forward(graphdef: nnx.GraphDef, chunk: int = 0, remat: str = "none"):
   if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
     raise ValueError(f"train.logprob_chunk={chunk!r} must be an integer >= 0")
 
-  def logp_and_entropy(params, mb: SequenceBatch, group: int):
+  def logp_and_entropy(params, mb: SequenceBatch, group: int, packing):
     n = mb.resp_mask.shape[1]
     return nnx.merge(graphdef, params).response_logprobs(mb.tokens, mb.mask, n, chunk, remat,
-                                                         group)
+                                                         group, packing)
 
-  def forward(params, mb: SequenceBatch, prox=None, group: int = 1) -> TokenInputs:
-    logp, entropy = logp_and_entropy(params, mb, group)
+  def forward(params, mb: SequenceBatch, prox=None, group: int = 1,
+              packing: Packing | None = None) -> TokenInputs:
+    logp, entropy = logp_and_entropy(params, mb, group, packing)
     prox_logp = None
     if prox is not None:
-      prox_logp = jax.lax.stop_gradient(logp_and_entropy(prox, mb, group)[0])
+      prox_logp = jax.lax.stop_gradient(logp_and_entropy(prox, mb, group, packing)[0])
     return TokenInputs(logp, entropy, mb.resp_mask, mb.extras, prox_logp)
 
   return forward
@@ -91,17 +95,24 @@ def value_forward(graphdef: nnx.GraphDef, remat: str = "none"):
   `group` as policy_forward's."""
   memory.remat_policy(remat)
 
-  def forward(params, mb: SequenceBatch, prox=None, group: int = 1) -> ValueInputs:
+  def forward(params, mb: SequenceBatch, prox=None, group: int = 1,
+              packing: Packing | None = None) -> ValueInputs:
     values = nnx.merge(graphdef, params).response_values(mb.tokens, mb.mask,
-                                                         mb.resp_mask.shape[1], remat, group)
+                                                         mb.resp_mask.shape[1], remat, group,
+                                                         packing)
     return ValueInputs(values, mb.resp_mask, mb.extras)
   return forward
 
 
-def run_forward(forward, params, mb: SequenceBatch, prox, group: int):
-  """forward(params, mb, prox), with `group` only when rows share prompts: a forward written
-  for rows alone (three arguments, as an algorithm's own may be) still serves group 1."""
-  return forward(params, mb, prox) if group == 1 else forward(params, mb, prox, group)
+def run_forward(forward, params, mb: SequenceBatch, prox, group: int,
+                packing: Packing | None = None):
+  """forward(params, mb, prox), with `group` only when rows share prompts (and `packing` when
+  their responses are packed, rl/packing.py): a forward written for rows alone (three
+  arguments, as an algorithm's own may be) still serves group 1."""
+  if group == 1:
+    return forward(params, mb, prox)
+  return forward(params, mb, prox, group) if packing is None else forward(params, mb, prox,
+                                                                          group, packing)
 
 
 def response_fn(forward, field: str, mesh: Mesh, rules: sharding.Rules, group: int = 1):
@@ -165,12 +176,16 @@ def permutation(key, rows: int, group_size: int, by_group) -> jax.Array:
 
 def micro_grad_fn(forward, loss: TokenLoss, group: int = 1):
   """value_and_grad of one micro-batch's share of the mini-batch loss, sum(w * loss), with its
-  metrics as token sums (weights mw); `group` > 1: rows of whole groups sharing a prompt."""
+  metrics as token sums (weights mw); `group` > 1: rows of whole groups sharing a prompt; xs
+  = (mb, w, mw, packing or None)."""
   def micro_loss(params, xs, prox):
-    mb, w, mw = xs
-    mb, w, mw = jax.tree.map(lambda x: sharding.constrain(x, ("batch",) + (None,) * (x.ndim - 1)),
-                             (mb, w, mw))
-    per_token, metrics = loss(run_forward(forward, params, mb, prox, group))
+    mb, w, mw, pk = xs
+    mb, w, mw, pk = jax.tree.map(
+        lambda x: sharding.constrain(x, ("batch",) + (None,) * (x.ndim - 1)), (mb, w, mw, pk))
+    inputs = run_forward(forward, params, mb, prox, group, pk)
+    if pk is not None:
+      inputs = packing.neutral(inputs, packing.computed(pk))
+    per_token, metrics = loss(inputs)
     return jnp.sum(w * per_token), {k: jnp.sum(mw * v) for k, v in metrics.items()}
 
   return jax.value_and_grad(micro_loss, has_aux=True)
@@ -195,7 +210,7 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
                 max_len: int, mesh: Mesh, rules: sharding.Rules, shuffle: bool = True,
                 group_size: int = 1, measure_noise: bool = True, prox_decay: float | None = None,
                 ptx: tuple[float, TokenLoss] | None = None, count_rows: bool = False,
-                shared_prompt: int = 1):
+                shared_prompt: int = 1, pack: bool = False):
   """An `Update`: `update(state, batch, key, by_group=False) -> (state, metrics)`.
 
   `forward(params, micro_batch, prox_params)` gives the loss its inputs (policy_forward,
@@ -214,11 +229,28 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
   E|G_small|^2 = |G|^2 + tr(Sigma) mean(1/b_i)) and `noise/micro_used_min`; and a mini-batch
   without any loss token takes no optimizer step (Adam's momentum would move it). With
   `shared_prompt` = G (group_size; micro-batches of whole groups on every batch shard) every
-  shuffle is by whole groups, whatever `by_group`, and each group's prompt runs once.
+  shuffle is by whole groups, whatever `by_group`, and each group's prompt runs once; with
+  `pack` as well, each micro-batch's responses are packed into fewer rows when they fit
+  (rl/packing.py: no compute after a response's last loss token).
   """
   if shared_prompt > 1 and (shared_prompt != group_size or microbatch % group_size):
     raise ValueError(f"shared_prompt={shared_prompt} needs micro-batches of whole groups of "
                      f"{group_size} (microbatch {microbatch})")
+  if pack and shared_prompt == 1:
+    raise ValueError("pack needs shared_prompt: packed rows hold responses of one group")
+  packer = (packing.Packer(num_epochs=num_epochs, num_minibatches=num_minibatches,
+                           microbatch=microbatch, shards=sharding.batch_divisor(mesh, rules),
+                           group=group_size) if pack else None)
+  by_group_always = shared_prompt > 1
+
+  def perms(key, by_group):
+    """[E, B]: each epoch's row order (shared-prompt training: always by whole groups)."""
+    def one(epoch, rows):
+      if not shuffle:
+        return jnp.arange(rows)
+      return permutation(jax.random.fold_in(key, epoch), rows, group_size,
+                         True if by_group_always else by_group)
+    return lambda rows: jnp.stack([one(e, rows) for e in range(num_epochs)])
   grad_fn = micro_grad_fn(forward, loss, shared_prompt)
   ptx_grad = None if ptx is None else micro_grad_fn(forward, ptx[1])
   lr_scale = None  # the traced scale of the update being traced (optim.lr_batch='effective')
@@ -226,19 +258,19 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
   def add_ptx(params, grads, demo: SequenceBatch, metrics):
     """grads + coef x the demonstrations' gradient, with the ptx metrics."""
     w = token_weights(demo.resp_mask, "token-mean", 1)
-    (_, aux), g = ptx_grad(params, (demo, w, w), None)
+    (_, aux), g = ptx_grad(params, (demo, w, w, None), None)
     metrics.update(aux, ptx_grad_norm=jnp.sqrt(sq_norm(g)),
                    grad_norm_rl=jnp.sqrt(sq_norm(grads)))
     return jax.tree.map(lambda a, b: a + ptx[0] * b, grads, g)
 
   def minibatch_step(state: TrainState, xs):
-    mb, demo = xs
+    mb, demo, pk = xs  # pk: this mini-batch's packing [micro-batches, S, ...], or None
     rows = mb.tokens.shape[0]
     w = token_weights(mb.resp_mask, aggregation, max_len)
     mw = token_weights(mb.resp_mask, "token-mean", max_len)  # metrics: token means
     n_micro = rows // microbatch
     split = lambda x: x.reshape((n_micro, microbatch) + x.shape[1:])
-    micro = jax.tree.map(split, (mb, w, mw))
+    micro = jax.tree.map(split, (mb, w, mw)) + (pk,)
     shares = microbatch_shares(micro[0].resp_mask, micro[1], aggregation, max_len)
     grads, values, metrics, small_sq = accumulate(
         lambda p, x: grad_fn(p, x, state.prox), state.params, micro, shares,
@@ -259,7 +291,10 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
       new = jax.tree.map(lambda a, b: jnp.where(live, a, b), new, state)
     return new, metrics
 
-  def update(state: TrainState, batch: SequenceBatch, key, by_group, demos=None, scale=None):
+  def update(state: TrainState, batch: SequenceBatch, perms, demos=None, packs=None,
+             scale=None):
+    """perms [E, B]: each epoch's row order (Update.perms); packs: the step's packing
+    [E, M, m, S, ...] (rl/packing.py) or None."""
     with sharding.activation_sharding(mesh, rules):
       rows = batch.tokens.shape[0]
       mb_rows = rows // num_minibatches
@@ -270,13 +305,11 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
       lr_scale = scale
       step_metrics = []
       for epoch in range(num_epochs):
-        idx = (permutation(jax.random.fold_in(key, epoch), rows, group_size,
-                           True if shared_prompt > 1 else by_group)
-               if shuffle else jnp.arange(rows))
-        shuffled = jax.tree.map(lambda x: jnp.take(x, idx, axis=0), batch)
+        shuffled = jax.tree.map(lambda x: jnp.take(x, perms[epoch], axis=0), batch)
         mbs = jax.tree.map(lambda x: x.reshape((num_minibatches, mb_rows) + x.shape[1:]), shuffled)
         epoch_demos = None if demos is None else jax.tree.map(lambda x: x[epoch], demos)
-        state, metrics = jax.lax.scan(minibatch_step, state, (mbs, epoch_demos))
+        epoch_packs = None if packs is None else jax.tree.map(lambda x: x[epoch], packs)
+        state, metrics = jax.lax.scan(minibatch_step, state, (mbs, epoch_demos, epoch_packs))
         step_metrics.append(metrics)
       metrics = jax.tree.map(lambda *xs: jnp.concatenate(xs), *step_metrics)
       out = {k: jnp.mean(v) for k, v in metrics.items()}
@@ -285,7 +318,7 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
         out["noise/micro_used_min"] = jnp.min(metrics["noise/micro_used"])
       return state, out
 
-  return Update(update, mesh, rules)
+  return Update(update, mesh, rules, perms, packer)
 
 
 def _row_counts(mask_MxbxN, shares) -> dict[str, jax.Array]:
@@ -303,13 +336,18 @@ class Update:
 
   State shardings are read off the first state it sees (parameters as created, optimizer
   moments alongside them); the batch is sharded over the batch axes; metrics are replicated.
-  `traces` counts compilations: it stays 1 for the whole run.
+  `traces` counts compilations: 1 for the whole run, or with packing (rl/packing.py) one per
+  bucket of packed rows the run met (at most packing.BUCKETS), none after those.
   """
 
-  def __init__(self, fn, mesh: Mesh, rules: sharding.Rules):
+  def __init__(self, fn, mesh: Mesh, rules: sharding.Rules, perms=None,
+               packer: packing.Packer | None = None):
     self._fn, self.mesh, self.rules = fn, mesh, rules
+    self._perms, self.packer = perms, packer
     self._jitted = None
+    self._orders = None  # the jitted row orders and lengths
     self.traces = 0
+    self.packed_rows: int | None = None  # the last update's packed rows per shard, None unpacked
 
   def state_shardings(self, state: TrainState):
     rep = sharding.replicated(self.mesh)
@@ -321,6 +359,21 @@ class Update:
     """Put a freshly built or restored state on the shardings the update expects."""
     return jax.device_put(state, self.state_shardings(state))
 
+  def _plan(self, batch: SequenceBatch, key, by_group: bool):
+    """(each epoch's row order [E, B], the step's packing or None), both replicated."""
+    rep = sharding.replicated(self.mesh)
+    rows = batch.tokens.shape[0]
+    if self._orders is None:
+      self._orders = (jax.jit(lambda k, g, r=rows: self._perms(k, g)(r), out_shardings=rep),
+                      jax.jit(packing.input_lengths, out_shardings=rep))
+    perms = self._orders[0](key, jnp.asarray(by_group))
+    if self.packer is None:
+      return perms, None
+    lengths = self._orders[1](batch.resp_mask)
+    packs = self.packer.plan(np.asarray(lengths), np.asarray(perms), batch.resp_mask.shape[1] - 1)
+    self.packed_rows = None if packs is None else packs.src.shape[-2]
+    return perms, (None if packs is None else jax.device_put(packs, rep))
+
   def __call__(self, state: TrainState, batch: SequenceBatch, key, by_group: bool = False,
                demos: SequenceBatch | None = None, lr_scale: float | None = None):
     """One update; `demos` are the PPO-ptx rows of its optimizer steps (make_update's `ptx`);
@@ -329,6 +382,7 @@ class Update:
         lambda x: sharding.batch_sharding(self.mesh, x.ndim, self.rules), tree)
     batch_sh, demos_sh = shard(batch), shard(demos)
     batch = jax.device_put(batch, batch_sh)  # a no-op for rows already on the batch axes
+    perms, packs = self._plan(batch, key, by_group)
     if self._jitted is None:
       state_sh = self.state_shardings(state)
       rep = sharding.replicated(self.mesh)
@@ -339,7 +393,7 @@ class Update:
 
       scale_sh = () if lr_scale is None else (rep,)
       self._jitted = jax.jit(counted, donate_argnums=0,
-                             in_shardings=(state_sh, batch_sh, rep, rep, demos_sh) + scale_sh,
+                             in_shardings=(state_sh, batch_sh, rep, demos_sh, rep) + scale_sh,
                              out_shardings=(state_sh, rep))
     scale = () if lr_scale is None else (jnp.asarray(lr_scale, jnp.float32),)
-    return self._jitted(state, batch, key, jnp.asarray(by_group), demos, *scale)
+    return self._jitted(state, batch, perms, demos, packs, *scale)

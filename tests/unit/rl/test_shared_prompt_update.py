@@ -41,7 +41,7 @@ def batch():
   return SequenceBatch(tokens, mask, mask[:, -n:], extras)
 
 
-def run(kind, mesh, shared, remat="none"):
+def run(kind, mesh, shared, remat="none", pack=False):
   rules = sharding.rules_from_config(None)
   if kind == "actor":
     model, forward, loss = models.CausalLM, policy_forward, make_policy_loss(RL)
@@ -51,11 +51,14 @@ def run(kind, mesh, shared, remat="none"):
   opt = optax.sgd(1.0)
   update = make_update(forward(graphdef, remat=remat), opt, loss, num_minibatches=2,
                        num_epochs=1, microbatch=8, aggregation="seq-mean-token-mean", max_len=5,
-                       mesh=mesh, rules=rules, group_size=G, shared_prompt=G if shared else 1)
+                       mesh=mesh, rules=rules, group_size=G, shared_prompt=G if shared else 1,
+                       pack=pack)
   state = update.place(TrainState(params, opt.init(params), jnp.zeros((), jnp.int32)))
   delta = jax.tree.map(jnp.copy, params)
   state, metrics = update(state, batch(), jax.random.key(0), by_group=True)
   delta = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), state.params, delta)
+  if pack:
+    assert update.packed_rows is not None and update.packed_rows < update.packer.rows
   return delta, jax.device_get(metrics), update.traces
 
 
@@ -65,14 +68,20 @@ def reference():
   return {kind: run(kind, mesh, shared=False) for kind in ("actor", "critic")}
 
 
-@pytest.mark.parametrize("kind,shape,remat", [("actor", (1, 1, 1), "none"),
-                                              ("actor", (2, 2, 2), "full"),
-                                              ("critic", (1, 2, 4), "none"),
-                                              ("critic", (2, 1, 1), "dots")])
-def test_shared_prompt_update_equals_the_per_row_update(reference, kind, shape, remat):
+@pytest.mark.parametrize("kind,shape,remat,pack", [("actor", (1, 1, 1), "none", False),
+                                                   ("actor", (2, 2, 2), "full", False),
+                                                   ("critic", (1, 2, 4), "none", False),
+                                                   ("critic", (2, 1, 1), "dots", False),
+                                                   ("actor", (1, 1, 1), "none", True),
+                                                   ("actor", (2, 1, 1), "full", True),
+                                                   ("critic", (1, 2, 4), "none", True),
+                                                   ("critic", (1, 2, 1), "dots", True)])
+def test_shared_prompt_update_equals_the_per_row_update(reference, kind, shape, remat, pack):
+  """pack: the responses packed into fewer rows per shard (rl/packing.py), 2 batch shards of
+  one group each, or one shard of two."""
   n = int(np.prod(shape))
   mesh = sharding.make_mesh(shape, devices=jax.devices()[:n])
-  delta, metrics, traces = run(kind, mesh, shared=True, remat=remat)
+  delta, metrics, traces = run(kind, mesh, shared=True, remat=remat, pack=pack)
   want_delta, want_metrics, _ = reference[kind]
   for (path, a), b in zip(jax.tree.leaves_with_path(delta), jax.tree.leaves(want_delta)):
     scale = float(np.max(np.abs(b))) or 1.0

@@ -1,0 +1,91 @@
+"""The packing plan (rl/packing.py): every response input placed exactly once, rows that never
+mix groups or cross a shard, the inverse index, the buckets and the compiled shapes they bound.
+The packed update's numbers against the padded one: tests/unit/rl/test_shared_prompt_update.py
+and tests/unit/models/test_packed_rows.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from rlscale import models
+from rlscale.parallel import sharding
+from rlscale.rl import packing
+from rlscale.rl.policy_loss import make_policy_loss
+from rlscale.rl.update import SequenceBatch, TrainState, make_update, policy_forward
+
+
+def test_input_lengths_are_the_last_loss_token():
+  mask = jnp.asarray([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [0, 0, 0, 0, 0], [1, 1, 0, 1, 0],
+                      [1, 1, 1, 1, 1]], bool)
+  assert packing.input_lengths(mask).tolist() == [2, 0, 0, 3, 4]
+
+
+@pytest.mark.parametrize("shards,group,micro", [(1, 4, 16), (2, 4, 16), (4, 2, 32), (2, 8, 32)])
+def test_every_input_is_placed_once_on_rows_of_its_own_group_and_shard(shards, group, micro):
+  rng = np.random.default_rng(shards * 100 + group)
+  rows, width, epochs, minibatches = 64, 9, 2, 2
+  lengths = np.minimum(rng.geometric(0.25, rows) - 1, width)
+  perms = np.stack([rng.permutation(rows // group)[:, None] * group + np.arange(group)
+                    for _ in range(epochs)]).reshape(epochs, rows)
+  packer = packing.Packer(num_epochs=epochs, num_minibatches=minibatches, microbatch=micro,
+                          shards=shards, group=group)
+  p = packer.plan(lengths, perms, width)
+  assert p is not None
+  b_s, r = micro // shards, p.src.shape[-2]
+  assert r in packer.buckets() and r < b_s
+  lens = lengths[perms].reshape(epochs, minibatches, -1, shards, b_s)
+  for idx in np.ndindex(*p.src.shape[:4]):
+    src, back, row_group, n = p.src[idx], p.unpack[idx], p.row_group[idx], lens[idx]
+    assert sorted(src[src >= 0].tolist()) == sorted(
+        row * width + j for row in range(b_s) for j in range(n[row]))  # each input once
+    for row in range(b_s):  # the inverse: where each input went, and nothing else
+      went = back[row]
+      assert np.all(went[:n[row]] >= 0) and np.all(went[n[row]:] == -1)
+      assert np.all(src.reshape(-1)[went[:n[row]]] == row * width + np.arange(n[row]))
+      if n[row]:  # one contiguous segment, on a row of its own group
+        k = went[0] // width
+        assert np.all(went[:n[row]] // width == k) and np.all(np.diff(went[:n[row]]) == 1)
+        assert row_group[k] == row // group
+
+
+def test_buckets_and_the_padded_fallback():
+  packer = packing.Packer(num_epochs=1, num_minibatches=1, microbatch=64, shards=1, group=8)
+  assert packer.buckets() == [8, 16, 24, 32, 40, 48, 56]
+  full = np.full(64, 7)
+  assert packer.plan(full, np.arange(64)[None], 7) is None  # nothing to save: padded rows
+  half = np.full(64, 3)  # two responses per row of 7
+  assert packer.plan(half, np.arange(64)[None], 7).src.shape[-2] == 32
+  with pytest.raises(ValueError, match="whole groups of 8 on each of 3 batch shards"):
+    packing.Packer(num_epochs=1, num_minibatches=1, microbatch=64, shards=3, group=8)
+
+
+def test_compiled_updates_are_bounded_by_the_buckets(tiny_cfg):
+  """Twelve steps of random lengths: one compiled update per bucket met (and one padded), none
+  when a bucket comes again."""
+  cfg = tiny_cfg.replace(num_layers=1)
+  graphdef, params = nnx.split(models.CausalLM(cfg, rngs=nnx.Rngs(params=0)))
+  mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+  loss = make_policy_loss(dict(clip_eps_low=0.2, clip_eps_high=0.2, kl_coef=0.0,
+                               kl_estimator="k3", entropy_coef=0.0, dual_clip=0.0))
+  update = make_update(policy_forward(graphdef), optax.sgd(0.1), loss, num_minibatches=1,
+                       num_epochs=1, microbatch=8, aggregation="token-mean", max_len=8,
+                       mesh=mesh, rules=sharding.rules_from_config(None), group_size=4,
+                       shared_prompt=4, pack=True)
+  state = update.place(TrainState(params, optax.sgd(0.1).init(params), jnp.zeros((), jnp.int32)))
+  rng = np.random.default_rng(0)
+  seen = set()
+  for step in range(12):
+    tokens = jnp.asarray(rng.integers(3, cfg.vocab_size, (16, 12)), jnp.int32)
+    length = rng.integers(1, 9, 16) if step % 4 else np.full(16, 8)  # every 4th: all full
+    resp = jnp.asarray(np.arange(8)[None] < length[:, None])
+    mask = jnp.concatenate([jnp.ones((16, 4), bool), resp], axis=1)
+    extras = {"advantages": jnp.asarray(rng.normal(size=16), jnp.float32),
+              "old_logp": jnp.full((16, 8), -2.0), "ref_logp": jnp.full((16, 8), -2.0)}
+    state, metrics = update(state, SequenceBatch(tokens, mask, resp, extras), jax.random.key(step))
+    assert np.isfinite(float(metrics["loss"]))
+    seen.add(update.packed_rows)
+    assert update.traces == len(seen), (step, seen)
+  assert None in seen and len(seen) >= 3
