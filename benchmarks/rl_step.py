@@ -78,6 +78,7 @@ flags.DEFINE_float("length_mean", 0.0, "> 0: responses end at lognormal lengths 
                    "(tokens; clipped to [1, --new_tokens]) instead of all running --new_tokens")
 flags.DEFINE_float("length_sigma", 0.6, "the lognormal's sigma (of log length)")
 flags.DEFINE_enum("shared_prompt", "auto", ["auto", "true", "false"], "train.shared_prompt")
+flags.DEFINE_bool("pack_responses", True, "train.pack_responses (with shared-prompt training)")
 
 
 def bench_task(vocab: int, prompt_len: int, num_eval: int = 8):
@@ -143,6 +144,7 @@ def run_config(workdir: str):
   cfg.mesh.sampler_shape = [int(s) for s in FLAGS.sampler_mesh]
   cfg.rollout.overlap = FLAGS.overlap
   cfg.train.shared_prompt = {"auto": "auto", "true": True, "false": False}[FLAGS.shared_prompt]
+  cfg.train.pack_responses = FLAGS.pack_responses
   cfg.init.hf_checkpoint = os.path.join(workdir, "base")
   cfg.rollout.max_new_tokens = FLAGS.new_tokens
   cfg.rl.num_prompts, cfg.rl.group_size = FLAGS.prompts, FLAGS.group
@@ -407,6 +409,11 @@ def main(argv):
       out["update_fraction_of_matmul"] = (out["update_executed_tflops_per_s"]
                                           / out["matmul_tflops_per_s"])
   out.update(peak_memory(), **({"memory": memory} if memory else {}))
+  out["pack_responses"] = FLAGS.pack_responses
+  packed = [r[k] for r in rows for k in r if k.endswith("/packed_rows_frac")]
+  if packed:  # the packed rows over the padded rows, per shard (rl/packing.py)
+    out["packed_rows_frac"] = statistics.median(packed)
+  out["update_traces"] = {n: m.update.traces for n, m in trainer.algo.models.items()}
   out["loadavg_1m_at_end"] = os.getloadavg()[0]
   out["spread"] = {k: [round(v, 4) for v in vs] for k, vs in out["spread"].items()}
   print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}))

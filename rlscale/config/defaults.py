@@ -21,6 +21,7 @@ DEFAULTS = {
     "rollout.max_rounds": 4, "rollout.oversample": "auto", "optim.lr_batch": "nominal",
     "train.remat": "none", "train.logprob_chunk": 0, "train.total_responses": 0,
     "train.eval_every_responses": 0, "train.shared_prompt": False,
+    "train.pack_responses": False,
     "optim.lr_scaling": "none", "optim.adam_scaling": False, "optim.schedule": "constant",
     "optim.warmup_responses": 0, "optim.final_lr_frac": 0.0, "optim.b1": 0.9, "optim.b2": 0.999,
     "optim.eps": 1e-8, "optim.weight_decay": 0.0, "optim.grad_clip": 0.0, "optim.state_dtype": "",

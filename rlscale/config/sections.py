@@ -171,6 +171,10 @@ def run(num_steps: int) -> ml_collections.ConfigDict:
   # every row on its own.
   # With it every update shuffles by whole groups: the noise scale is measured in prompts only.
   c.shared_prompt = auto_or_int()  # "auto" | True | False
+  # With shared-prompt training: each micro-batch's responses packed into fewer rows when they
+  # fit (rlscale/rl/packing.py): no compute after a response's last token; one compiled update
+  # per bucket of packed rows met (at most 8). False: every response padded to the longest.
+  c.pack_responses = True
   return c
 
 

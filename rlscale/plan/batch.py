@@ -66,6 +66,7 @@ class ModelBatch:
   microbatch_auto: bool  # chosen by the plan
   microbatch_bound: str = ""  # auto: what bounded the choice (row cap, token cap, memory, ...)
   shared_prompt: int = 1  # G when each micro-batch's groups run their prompt once, else 1
+  pack: bool = False  # shared_prompt > 1 and its responses packed when they fit (rl/packing.py)
 
   @property
   def optimizer_steps(self) -> int:
@@ -132,7 +133,7 @@ class BatchPlan:
                    "num_epochs": m.num_epochs, "microbatch": m.microbatch,
                    "microbatch_auto": m.microbatch_auto,
                    "optimizer_steps_per_step": m.optimizer_steps,
-                   "shared_prompt": m.shared_prompt > 1}
+                   "shared_prompt": m.shared_prompt > 1, "pack_responses": m.pack}
       if m.microbatch_bound:
         out[name]["microbatch_bound"] = m.microbatch_bound
     if self.memory is not None:
@@ -150,7 +151,8 @@ class BatchPlan:
           " (auto)" if m.microbatch_auto else "")
       parts.append(f"{m.name}: {m.num_minibatches} x {m.minibatch} rows, {m.num_epochs} "
                    f"epoch(s), micro-batch {m.microbatch}{auto}"
-                   + (", each prompt once per group" if m.shared_prompt > 1 else ""))
+                   + (", each prompt once per group" if m.shared_prompt > 1 else "")
+                   + (", responses packed" if m.pack else ""))
     if self.memory is not None:
       parts.append(self.memory.summary_line())
     return "; ".join(parts)
@@ -224,11 +226,11 @@ def _int(errors: list[str], field: str, value: Any, auto: bool = False) -> int:
 
 def _model(errors, name, prefix, section, rows, shards, seq_len, noise,
            memory: "TrainMemory | None" = None, group: int = 1,
-           shared: Any = False) -> ModelBatch | None:
+           shared: Any = False, pack: bool = False) -> ModelBatch | None:
   """A model's mini- and micro-batches from its config section (rl or critic). `shared`
   (train.shared_prompt, 'auto' or a bool): micro-batches of whole groups of `group` on every
   batch shard run each prompt once (models/shared_prompt.py); 'auto' prefers such a
-  micro-batch and takes it when one fits."""
+  micro-batch and takes it when one fits; `pack` (train.pack_responses) packs its responses."""
   n_mb = _int(errors, f"{prefix}.num_minibatches", section["num_minibatches"])
   epochs = _int(errors, f"{prefix}.num_epochs", section["num_epochs"])
   micro = _int(errors, f"{prefix}.microbatch", section["microbatch"], auto=True)
@@ -276,7 +278,8 @@ def _model(errors, name, prefix, section, rows, shards, seq_len, noise,
     errors.append(f"train.shared_prompt=True needs micro-batches of whole groups on every batch "
                   f"shard: {prefix}.microbatch={micro} is not a multiple of rl.group_size x "
                   f"batch shards ({group} x {shards}); set it to 'auto' or False")
-  return ModelBatch(name, minibatch, n_mb, epochs, micro, auto, bound, group if on else 1)
+  return ModelBatch(name, minibatch, n_mb, epochs, micro, auto, bound, group if on else 1,
+                    bool(on and pack))
 
 
 def _shared_prompt(errors: list[str], cfg) -> Any:
@@ -289,6 +292,15 @@ def _shared_prompt(errors: list[str], cfg) -> Any:
     return False
   new_tokens = cfg["rollout"]["max_new_tokens"]
   if isinstance(new_tokens, int) and new_tokens < 2:
+    return False
+  return value
+
+
+def _pack(errors: list[str], cfg) -> bool:
+  """train.pack_responses: True or False (taken with shared-prompt training only)."""
+  value = cfg["train"]["pack_responses"]
+  if not isinstance(value, bool):
+    errors.append(f"train.pack_responses={value!r} must be True or False")
     return False
   return value
 
@@ -344,11 +356,12 @@ def _plan(cfg, shards, processes, seq_len, kv_bytes_per_row, gen_shards, memory)
       # Mini-batches of whole groups would change what each optimizer step sees (32 prompts
       # instead of 128 random responses): 'auto' keeps the per-row shuffle; True takes it.
       shared = False
+    pack = _pack(errors, cfg)
     models = {"actor": _model(errors, "actor", "rl", r, rows, shards, seq_len, noise, memory,
-                              g, shared)}
+                              g, shared, pack)}
     if "critic" in cfg:
       models["critic"] = _model(errors, "critic", "critic", cfg["critic"], rows, shards, seq_len,
-                                noise, memory, g, shared)
+                                noise, memory, g, shared, pack)
     gen_value, gen_unit = cfg["rollout"]["generation_batch"], (gen_shards or shards) * processes
     refill = cfg["rollout"]["dynamic_sampling"] is True and g
     if refill and gen_value == AUTO:  # dynamic sampling's calls hold whole groups per process

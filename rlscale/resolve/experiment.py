@@ -156,10 +156,10 @@ def config_hash(cfg: ml_collections.ConfigDict, drop: tuple[str, ...] = ()) -> s
 
 # Fields a resumed run may change without asking: they change no number the run computes.
 # Also free: how the same numbers are computed (to float rounding): a run started before
-# these fields existed (filled with the layout it ran: shared_prompt False, decode_chunk 64)
-# resumes under the new defaults with no flag.
+# these fields existed (filled with the layout it ran: shared_prompt False, pack_responses
+# False, decode_chunk 64) resumes under the new defaults with no flag.
 FREE_TO_CHANGE = ("train.log_every", "train.tensorboard", "train.async_checkpoint",
-                  "train.shared_prompt", "rollout.decode_chunk")
+                  "train.shared_prompt", "train.pack_responses", "rollout.decode_chunk")
 
 def _has_checkpoint(workdir: str) -> bool:
   folder = os.path.join(workdir, "checkpoints")

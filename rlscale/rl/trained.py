@@ -56,7 +56,8 @@ class Trained:
                               group_size=group_size, measure_noise=self.measure_noise,
                               prox_decay=self.prox_decay,
                               ptx=(ptx_coef, ptx.nll) if demos is not None else None,
-                              count_rows=count_rows, shared_prompt=batch.shared_prompt)
+                              count_rows=count_rows, shared_prompt=batch.shared_prompt,
+                              pack=batch.pack)
     self.demos, self.opt_steps_taken = demos, None  # PPO-ptx rows (rl/ptx.py), or None
     prox = jax.tree.map(jnp.copy, params) if self.prox_decay is not None else None
     self.state = self.update.place(
@@ -88,6 +89,9 @@ class Trained:
                                       demos, self.lr_scale)
     if self.lr_scale is not None:
       metrics = {**metrics, "lr_scale": self.lr_scale}
+    if self.update.packer is not None:  # the packed rows per shard over the unpacked ones
+      rows = self.update.packer.rows
+      metrics = {**metrics, "packed_rows_frac": (self.update.packed_rows or rows) / rows}
     return metrics
 
   def read(self, metrics: Mapping[str, Any], by_group: bool) -> dict[str, Any]:

@@ -146,6 +146,8 @@ BAD = [
     row("grpo.py", "train.shared_prompt", True, "train.shared_prompt=True needs micro-batches of "
         "whole groups on every batch shard: rl.microbatch=8 is not a multiple of rl.group_size x "
         "batch shards (8 x 8)", also={"rl.microbatch": 8}),
+    row("grpo.py", "train.pack_responses", "auto", "train.pack_responses='auto' must be True or "
+        "False"),
     # optim (the actor's; SFT's)
     row("grpo.py", "optim.lr", 0.0, "optim.lr=0.0 must be a positive number"),
     row("grpo.py", "optim.lr", NAN, "optim.lr=nan must be a positive number"),
