@@ -41,7 +41,7 @@ class GRPO:
     self.models = {"actor": self.actor}
     self.ref_params = jax.tree.map(jnp.copy, ctx.params) if r.kl_coef else None
     self.logprobs = response_fn(forward, "logp", ctx.env.mesh, ctx.env.rules,
-                                algorithm.batch_group(ctx))
+                                algorithm.batch_group(ctx), ctx.plan.main.pack)
     advantage, g = ADVANTAGES.get(r.advantage), r.group_size
     self.advantages = jax.jit(lambda scores: advantage(scores.reshape(-1, g)).reshape(-1))
 

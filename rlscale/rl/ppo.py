@@ -111,8 +111,10 @@ class PPO:
     self.models = {"actor": self.actor, "critic": self.critic}
     self.ref_params = jax.tree.map(jnp.copy, ctx.params) if r.kl_coef else None
     group = algorithm.batch_group(ctx)
-    self.logprobs = response_fn(forward, "logp", env.mesh, env.rules, group)
-    self.values = response_fn(value_forward(critic_graphdef), "values", env.mesh, env.rules, group)
+    pack = ctx.plan.main.pack
+    self.logprobs = response_fn(forward, "logp", env.mesh, env.rules, group, pack)
+    self.values = response_fn(value_forward(critic_graphdef), "values", env.mesh, env.rules, group,
+                              pack)
     self.advantages = make_advantages(r)
 
   def prepare(self, batch, sample_logp, scores):

@@ -115,22 +115,48 @@ def run_forward(forward, params, mb: SequenceBatch, prox, group: int,
                                                                           group, packing)
 
 
-def response_fn(forward, field: str, mesh: Mesh, rules: sharding.Rules, group: int = 1):
+def response_fn(forward, field: str, mesh: Mesh, rules: sharding.Rules, group: int = 1,
+                pack: bool = False):
   """A jitted `fn(params, batch) -> forward(params, batch).<field>`, e.g. the old or reference
   log-probs (`policy_forward`, "logp") or the critic's values (`value_forward`, "values");
-  `group` > 1: the batch's rows are whole groups on every batch shard, each prompt run once."""
+  `group` > 1: the batch's rows are whole groups on every batch shard, each prompt run once;
+  `pack` as well: the batch's responses packed when that saves rows (rl/packing.py), 0 after
+  each row's last loss token (nothing is computed there)."""
   @jax.jit
-  def fn(params, tokens, mask, resp_mask):
+  def fn(params, tokens, mask, resp_mask, pk=None):
     with sharding.activation_sharding(mesh, rules):
+      if pk is not None:
+        pk = jax.tree.map(lambda x: sharding.constrain(x, ("batch",) + (None,) * (x.ndim - 1)), pk)
       return getattr(run_forward(forward, params, SequenceBatch(tokens, mask, resp_mask, {}),
-                                 None, group), field)
+                                 None, group, pk), field)
+
+  plan = _WholeBatchPlan(mesh, rules, group) if pack and group > 1 else None
 
   def call(params, batch):
-    return fn(params, batch.tokens, batch.mask, batch.resp_mask)
+    pk = None if plan is None else plan(batch.resp_mask)
+    return fn(params, batch.tokens, batch.mask, batch.resp_mask, pk)
 
   # The jitted call lowered for a batch, for its memory analysis (rlscale/metrics/memory_report.py).
   call.lower = lambda params, batch: fn.lower(params, batch.tokens, batch.mask, batch.resp_mask)
   return call
+
+
+class _WholeBatchPlan:
+  """The packing of a whole batch taken as one micro-batch (response_fn's `pack`), replicated,
+  or None when no bucket saves rows."""
+
+  def __init__(self, mesh: Mesh, rules: sharding.Rules, group: int):
+    self.mesh, self.shards, self.group = mesh, sharding.batch_divisor(mesh, rules), group
+    self._lengths = jax.jit(packing.input_lengths, out_shardings=sharding.replicated(mesh))
+
+  def __call__(self, resp_mask) -> Packing | None:
+    rows, n = resp_mask.shape
+    packer = packing.Packer(num_epochs=1, num_minibatches=1, microbatch=rows,
+                            shards=self.shards, group=self.group)
+    p = packer.plan(np.asarray(self._lengths(resp_mask)), np.arange(rows)[None], n - 1)
+    if p is None:
+      return None
+    return jax.device_put(jax.tree.map(lambda x: x[0, 0, 0], p), sharding.replicated(self.mesh))
 
 
 # loss(inputs) -> (per-token loss [b, N], {metric name: per-token value [b, N]})

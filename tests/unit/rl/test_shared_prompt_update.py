@@ -18,6 +18,7 @@ from flax import nnx
 
 from rlscale import models
 from rlscale.parallel import sharding
+from rlscale.rl import packing
 from rlscale.rl.policy_loss import make_policy_loss
 from rlscale.rl.ppo import make_critic_loss
 from rlscale.rl.update import (SequenceBatch, TrainState, make_update, policy_forward,
@@ -105,7 +106,8 @@ def test_shared_prompt_needs_micro_batches_of_whole_groups():
 
 def test_whole_batch_forwards_run_each_prompt_once():
   """The old/reference log-probs and the critic's values over the step's batch (response_fn
-  with the group), on 4 batch shards of 2 groups each, against the per-row forward."""
+  with the group, padded and packed), on 4 batch shards of 2 groups each, against the per-row
+  forward."""
   from rlscale.rl.update import response_fn
   rules = sharding.rules_from_config(None)
   mesh = sharding.make_mesh((2, 2, 2))
@@ -117,3 +119,8 @@ def test_whole_batch_forwards_run_each_prompt_once():
     got = response_fn(forward(graphdef), field, mesh, rules, group=G)(params, b)
     np.testing.assert_allclose(np.where(b.resp_mask, got, 0), np.where(b.resp_mask, want, 0),
                                atol=1e-5, err_msg=field)
+    packed = response_fn(forward(graphdef), field, mesh, rules, group=G, pack=True)(params, b)
+    np.testing.assert_allclose(np.where(b.resp_mask, packed, 0), np.where(b.resp_mask, want, 0),
+                               atol=1e-5, err_msg=f"{field}, packed")
+    beyond = np.arange(b.resp_mask.shape[1])[None] > np.asarray(packing.input_lengths(b.resp_mask))[:, None]
+    assert beyond.any() and np.all(np.asarray(packed)[beyond] == 0)  # packed: not computed
