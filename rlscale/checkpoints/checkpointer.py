@@ -65,6 +65,7 @@ class Checkpointer:
                                            enable_async_checkpointing=async_save)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
     self._in_flight: tuple[int, int] | None = None  # (step, bytes) of the save being written
+    self._refused: int | None = None  # the step whose save the disk refused
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -95,12 +96,10 @@ class Checkpointer:
       if problem is None or self._in_flight is None:
         raise
       step, nbytes = self._in_flight
-      self._in_flight = None
+      self._in_flight, self._refused = None, step
       with contextlib.suppress(Exception):  # the failed save's other writers finish first
         self._manager.wait_until_finished()
-      if jax.process_index() == 0:
-        for partial in glob.glob(os.path.join(self.directory, f"{step}.orbax-checkpoint-tmp*")):
-          _remove_tree(partial)
+      self._remove_partial()
       free = shutil.disk_usage(self.directory).free if os.path.isdir(self.directory) else 0
       self._manager.reload()
       last = self._manager.latest_step()
@@ -210,3 +209,15 @@ class Checkpointer:
       self.wait()
     finally:
       self._manager.close()
+      # A writer of a refused save that was still running (a loaded machine) finishes in the
+      # manager's close and may have made the step's folder again: remove it once more.
+      self._remove_partial()
+
+  def _remove_partial(self) -> None:
+    """The refused save's partial folder, removed (process 0; the other processes' files lie
+    in the same folder)."""
+    if self._refused is None or jax.process_index() != 0:
+      return
+    for partial in glob.glob(os.path.join(self.directory,
+                                          f"{self._refused}.orbax-checkpoint-tmp*")):
+      _remove_tree(partial)
