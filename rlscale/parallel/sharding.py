@@ -181,6 +181,15 @@ def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, named_sharding(logical, x.shape, mesh, rules))
 
 
+def put_global(x: np.ndarray, mesh: Mesh, dim: int = 0, rules: Rules | None = None) -> jax.Array:
+  """Place a host array that every process holds whole (the same on each, e.g. a plan all of
+  them computed) with axis `dim` over the batch axes: each device receives its slice only."""
+  rules = rules or dict(DEFAULT_RULES)
+  logical = (None,) * dim + ("batch",) + (None,) * (np.ndim(x) - dim - 1)
+  sharding = NamedSharding(mesh, logical_to_spec(logical, None, mesh, rules))
+  return jax.make_array_from_callback(np.shape(x), sharding, lambda index: x[index])
+
+
 def put_batch(x: np.ndarray | jax.Array, mesh: Mesh, rules: Rules | None = None) -> jax.Array:
   """Place a host batch (this process's share) on the mesh, sharded over the batch axes."""
   sharding = batch_sharding(mesh, np.ndim(x), rules)

@@ -38,11 +38,12 @@ def input_lengths(resp_mask_BxN: jax.Array) -> jax.Array:
   return jnp.max(jnp.where(resp_mask_BxN, jnp.arange(n), 0), axis=-1).astype(jnp.int32)
 
 
-def computed(p: Packing) -> jax.Array:
-  """[b, N] bool: the response positions the packed forward computed (token 0 always)."""
-  s, rows, n = p.unpack.shape
-  done = (p.unpack >= 0).reshape(s * rows, n)
-  return jnp.concatenate([jnp.ones_like(done[:, :1]), done], axis=1)
+def computed(resp_mask_bxN: jax.Array) -> jax.Array:
+  """[b, N] bool: the response positions a packed forward computes (token 0 and every token up
+  to the row's last loss token); 0 elsewhere, in whichever forward packed: an update may run
+  padded in a step whose old or reference log-probs were packed, or the other way round."""
+  n = resp_mask_bxN.shape[-1]
+  return jnp.arange(n)[None] <= input_lengths(resp_mask_bxN)[:, None]
 
 
 def neutral(inputs, done_bxN: jax.Array):
@@ -80,6 +81,8 @@ class Packer:
     or None when no bucket holds the fullest micro-batch (the update runs unpacked).
     `lengths` [B] from input_lengths, `perms` [E, B] the epochs' row orders, `width` n - 1."""
     e, b = perms.shape
+    if width < 1:  # responses of one token: no response position is an input
+      return None
     lens = np.minimum(np.asarray(lengths)[np.asarray(perms)], width)
     shape = (e, self.minibatches, b // self.minibatches // self.micro, self.shards,
              self.rows // self.group, self.group)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
 from rlscale.parallel import sharding
 from rlscale.models import memory
@@ -146,7 +146,8 @@ class _WholeBatchPlan:
   or None when no bucket saves rows."""
 
   def __init__(self, mesh: Mesh, rules: sharding.Rules, group: int):
-    self.mesh, self.shards, self.group = mesh, sharding.batch_divisor(mesh, rules), group
+    self.mesh, self.rules = mesh, rules
+    self.shards, self.group = sharding.batch_divisor(mesh, rules), group
     self._lengths = jax.jit(packing.input_lengths, out_shardings=sharding.replicated(mesh))
 
   def __call__(self, resp_mask) -> Packing | None:
@@ -156,7 +157,8 @@ class _WholeBatchPlan:
     p = packer.plan(np.asarray(self._lengths(resp_mask)), np.arange(rows)[None], n - 1)
     if p is None:
       return None
-    return jax.device_put(jax.tree.map(lambda x: x[0, 0, 0], p), sharding.replicated(self.mesh))
+    # Each batch shard receives its own shard's plan (axis 0) only.
+    return jax.tree.map(lambda x: sharding.put_global(x[0, 0, 0], self.mesh, 0, self.rules), p)
 
 
 # loss(inputs) -> (per-token loss [b, N], {metric name: per-token value [b, N]})
@@ -200,17 +202,18 @@ def permutation(key, rows: int, group_size: int, by_group) -> jax.Array:
   return jnp.where(by_group, by_grp, by_row)
 
 
-def micro_grad_fn(forward, loss: TokenLoss, group: int = 1):
+def micro_grad_fn(forward, loss: TokenLoss, group: int = 1, pack: bool = False):
   """value_and_grad of one micro-batch's share of the mini-batch loss, sum(w * loss), with its
   metrics as token sums (weights mw); `group` > 1: rows of whole groups sharing a prompt; xs
-  = (mb, w, mw, packing or None)."""
+  = (mb, w, mw, packing or None); `pack`: the loss's inputs are neutral (packing.neutral)
+  where a packed forward computes nothing, whether this micro-batch's ran packed or not."""
   def micro_loss(params, xs, prox):
     mb, w, mw, pk = xs
     mb, w, mw, pk = jax.tree.map(
         lambda x: sharding.constrain(x, ("batch",) + (None,) * (x.ndim - 1)), (mb, w, mw, pk))
     inputs = run_forward(forward, params, mb, prox, group, pk)
-    if pk is not None:
-      inputs = packing.neutral(inputs, packing.computed(pk))
+    if pack:
+      inputs = packing.neutral(inputs, packing.computed(mb.resp_mask))
     per_token, metrics = loss(inputs)
     return jnp.sum(w * per_token), {k: jnp.sum(mw * v) for k, v in metrics.items()}
 
@@ -277,7 +280,7 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
       return permutation(jax.random.fold_in(key, epoch), rows, group_size,
                          True if by_group_always else by_group)
     return lambda rows: jnp.stack([one(e, rows) for e in range(num_epochs)])
-  grad_fn = micro_grad_fn(forward, loss, shared_prompt)
+  grad_fn = micro_grad_fn(forward, loss, shared_prompt, pack)
   ptx_grad = None if ptx is None else micro_grad_fn(forward, ptx[1])
   lr_scale = None  # the traced scale of the update being traced (optim.lr_batch='effective')
 
@@ -371,7 +374,8 @@ class Update:
     self._fn, self.mesh, self.rules = fn, mesh, rules
     self._perms, self.packer = perms, packer
     self._jitted = None
-    self._orders = None  # the jitted row orders and lengths
+    self._orders: dict[int, Any] = {}  # rows -> the jitted row orders
+    self._lengths = None
     self.traces = 0
     self.packed_rows: int | None = None  # the last update's packed rows per shard, None unpacked
 
@@ -389,16 +393,20 @@ class Update:
     """(each epoch's row order [E, B], the step's packing or None), both replicated."""
     rep = sharding.replicated(self.mesh)
     rows = batch.tokens.shape[0]
-    if self._orders is None:
-      self._orders = (jax.jit(lambda k, g, r=rows: self._perms(k, g)(r), out_shardings=rep),
-                      jax.jit(packing.input_lengths, out_shardings=rep))
-    perms = self._orders[0](key, jnp.asarray(by_group))
+    if rows not in self._orders:
+      self._orders[rows] = jax.jit(lambda k, g: self._perms(k, g)(rows), in_shardings=(rep, rep),
+                                   out_shardings=rep)
+      self._lengths = jax.jit(packing.input_lengths, out_shardings=rep)
+    perms = self._orders[rows](key, jnp.asarray(by_group))
     if self.packer is None:
       return perms, None
-    lengths = self._orders[1](batch.resp_mask)
+    lengths = self._lengths(batch.resp_mask)
     packs = self.packer.plan(np.asarray(lengths), np.asarray(perms), batch.resp_mask.shape[1] - 1)
     self.packed_rows = None if packs is None else packs.src.shape[-2]
-    return perms, (None if packs is None else jax.device_put(packs, rep))
+    if packs is None:
+      return perms, None
+    # [E, M, m, S, ...]: each batch shard receives its own shard's plan (axis 3) only.
+    return perms, jax.tree.map(lambda x: sharding.put_global(x, self.mesh, 3, self.rules), packs)
 
   def __call__(self, state: TrainState, batch: SequenceBatch, key, by_group: bool = False,
                demos: SequenceBatch | None = None, lr_scale: float | None = None):
@@ -418,8 +426,12 @@ class Update:
         return self._fn(*args)
 
       scale_sh = () if lr_scale is None else (rep,)
+      rules = self.rules or dict(sharding.DEFAULT_RULES)
+      # The plan's arrays [E, M, m, S, ...]: axis S over the batch axes (a prefix of each).
+      packs_sh = NamedSharding(self.mesh, sharding.logical_to_spec(
+          (None, None, None, "batch"), None, self.mesh, rules))
       self._jitted = jax.jit(counted, donate_argnums=0,
-                             in_shardings=(state_sh, batch_sh, rep, demos_sh, rep) + scale_sh,
+                             in_shardings=(state_sh, batch_sh, rep, demos_sh, packs_sh) + scale_sh,
                              out_shardings=(state_sh, rep))
     scale = () if lr_scale is None else (jnp.asarray(lr_scale, jnp.float32),)
     return self._jitted(state, batch, perms, demos, packs, *scale)

@@ -89,3 +89,38 @@ def test_compiled_updates_are_bounded_by_the_buckets(tiny_cfg):
     seen.add(update.packed_rows)
     assert update.traces == len(seen), (step, seen)
   assert None in seen and len(seen) >= 3
+
+
+def test_inputs_after_the_last_loss_token_are_neutral_in_a_padded_step(tiny_cfg):
+  """A step whose update runs padded while its reference log-probs were packed (0 after each
+  row's last loss token; here +1000, whose k3 overflows): with packing on, those positions
+  reach the loss as 0 and the loss stays finite; without the neutral inputs it would not."""
+  from rlscale.rl.update import micro_grad_fn
+  cfg = tiny_cfg.replace(num_layers=1)
+  graphdef, params = nnx.split(models.CausalLM(cfg, rngs=nnx.Rngs(params=0)))
+  loss = make_policy_loss(dict(clip_eps_low=0.2, clip_eps_high=0.2, kl_coef=0.1,
+                               kl_estimator="k3", entropy_coef=0.0, dual_clip=0.0))
+  rng = np.random.default_rng(0)
+  tokens = jnp.asarray(rng.integers(3, cfg.vocab_size, (8, 12)), jnp.int32)
+  resp = jnp.asarray(np.arange(8)[None] < rng.integers(1, 6, 8)[:, None])
+  mask = jnp.concatenate([jnp.ones((8, 4), bool), resp], axis=1)
+  done = np.asarray(packing.computed(resp))
+  extras = {"advantages": jnp.asarray(rng.normal(size=8), jnp.float32),
+            "old_logp": jnp.where(done, -2.0, 0.0), "ref_logp": jnp.where(done, -2.0, 1000.0)}
+  w = resp.astype(jnp.float32) / jnp.sum(resp)
+  xs = (SequenceBatch(tokens, mask, resp, extras), w, w, None)
+  for pack, finite in ((True, True), (False, False)):
+    (value, _), grads = jax.jit(micro_grad_fn(policy_forward(graphdef), loss, 1, pack))(
+        params, xs, None)
+    ok = np.isfinite(float(value)) and all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
+    assert ok == finite, pack
+
+
+def test_the_neutral_positions_are_those_a_packed_forward_leaves_out():
+  rng = np.random.default_rng(1)
+  resp = np.arange(9)[None] < rng.integers(0, 10, 16)[:, None]
+  packer = packing.Packer(num_epochs=1, num_minibatches=1, microbatch=16, shards=2, group=4)
+  p = packer.plan(np.asarray(packing.input_lengths(jnp.asarray(resp))), np.arange(16)[None], 8)
+  left_in = (p.unpack[0, 0, 0] >= 0).reshape(16, 8)  # [rows, n - 1] inputs computed
+  want = np.concatenate([np.ones((16, 1), bool), left_in], axis=1)
+  np.testing.assert_array_equal(np.asarray(packing.computed(jnp.asarray(resp))), want)
