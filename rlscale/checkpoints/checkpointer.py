@@ -99,7 +99,8 @@ class Checkpointer:
       self._in_flight, self._refused = None, step
       with contextlib.suppress(Exception):  # the failed save's other writers finish first
         self._manager.wait_until_finished()
-      self._remove_partial()
+      # Its partial folder goes in close(), once every writer has stopped: removed under a
+      # writer still running, it comes back or the writer fails on a missing file.
       free = shutil.disk_usage(self.directory).free if os.path.isdir(self.directory) else 0
       self._manager.reload()
       last = self._manager.latest_step()
@@ -209,15 +210,22 @@ class Checkpointer:
       self.wait()
     finally:
       self._manager.close()
-      # A writer of a refused save that was still running (a loaded machine) finishes in the
-      # manager's close and may have made the step's folder again: remove it once more.
       self._remove_partial()
 
   def _remove_partial(self) -> None:
     """The refused save's partial folder, removed (process 0; the other processes' files lie
-    in the same folder)."""
+    in the same folder) after the manager's close, and again should a late tensorstore write
+    of that save make it anew (a loaded machine): until it stays gone for a second."""
     if self._refused is None or jax.process_index() != 0:
       return
-    for partial in glob.glob(os.path.join(self.directory,
-                                          f"{self._refused}.orbax-checkpoint-tmp*")):
-      _remove_tree(partial)
+    pattern = os.path.join(self.directory, f"{self._refused}.orbax-checkpoint-tmp*")
+    deadline, quiet_since = time.monotonic() + 15.0, None
+    while time.monotonic() < deadline:
+      partials = glob.glob(pattern)
+      for partial in partials:
+        _remove_tree(partial)
+      now = time.monotonic()
+      quiet_since = None if partials else (quiet_since or now)
+      if quiet_since is not None and now - quiet_since >= 1.0:
+        return
+      time.sleep(0.1)

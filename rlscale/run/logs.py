@@ -24,6 +24,8 @@ class _LibraryFilter(py_logging.Filter):
       text = str(record.msg) + (str(record.exc_info[1]) if record.exc_info else "")
       if storage.TEXT.search(text) or "thread" in str(record.msg) and record.exc_info:
         return False  # a failed save: reported by the checkpointer, once
+      if "NOT_FOUND" in text and ".orbax-checkpoint-tmp" in text:
+        return False  # a write of that save into its partial folder, removed since
     return record.levelno >= py_logging.WARNING or not any(q in record.pathname for q in _QUIET)
 
 
