@@ -134,7 +134,20 @@ def make(cfg: Mapping[str, Any], *, batch: float, total_responses: float,
   state_dtype = cfg["state_dtype"]
   if state_dtype not in STATE_DTYPES:
     raise ValueError(f"optim.state_dtype={state_dtype!r}; known: '', 'float32'")
-  return (in_dtype(opt, jnp.dtype(state_dtype)) if state_dtype else opt), s
+  return (in_dtype(opt, jnp.dtype(state_dtype)) if state_dtype else same_dtypes(opt)), s
+
+
+def same_dtypes(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`inner` whose state keeps the dtypes it was made in (optim.state_dtype=''): Adam's moments
+  of bfloat16 parameters stay bfloat16. The float32 hyperparameters (see `make`) promote the
+  moments' arithmetic to float32; the new moments are stored back in their own dtype, so the
+  state is a fixed-type carry of the update's loop over optimizer steps."""
+
+  def update(updates, state, params=None):
+    out, new = inner.update(updates, state, params)
+    return out, jax.tree.map(lambda n, o: n.astype(o.dtype), new, state)
+
+  return optax.GradientTransformation(inner.init, update)
 
 
 def in_dtype(inner: optax.GradientTransformation, dtype) -> optax.GradientTransformation:

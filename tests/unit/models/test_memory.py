@@ -192,6 +192,12 @@ def test_float32_moments_for_bf16_parameters():
     adam = next(s for s in state if hasattr(s, "hyperparams"))
     mu, nu = adam.inner_state[0].mu, adam.inner_state[0].nu
     assert all(x.dtype == moments for x in jax.tree.leaves((mu, nu))), state_dtype
+    dtypes = jax.tree.map(lambda x: x.dtype, state)
+    for g in (grads, jax.tree.map(lambda x: x.astype(jnp.float32), grads)):  # bf16, accumulated
+      # Each leaf of the state keeps its dtype: the update's loop over optimizer steps carries
+      # it (it failed on bf16 parameters with '' before the moments were stored back).
+      _, after = opt.update(g, state, params)
+      assert jax.tree.map(lambda x: x.dtype, after) == dtypes, state_dtype
     updates, state = opt.update(grads, state, params)
     if state_dtype:  # computed in float32, cast back to the gradients' dtype
       assert all(u.dtype == jnp.bfloat16 for u in jax.tree.leaves(updates))
