@@ -8,6 +8,15 @@ Samples at temperature 1 with EOS disabled, so every row runs the full token bud
 `gen_tokens_per_s` is generated tokens over the whole call (prefill included);
 `decode_tokens_per_s` leaves the prefill out. Times are medians over --repeats calls;
 `compile_s` is the first call's time less the median.
+
+Roofline: a decode step must read every weight once and each row's keys and values so far, so
+`decode_bytes_per_step` = parameter bytes + rows x KV bytes per token x the mean context
+(prompt + new_tokens / 2). `decode_step_s` is the decode's time (the call less the prefill) over
+its new_tokens - 1 steps. `bandwidth_gb_per_s` is the same process's jitted `x + 1` over
+--bandwidth_mb MiB (bytes read and written), the machine's reference;
+`decode_fraction_of_bandwidth` is the bytes a step must read per second of a step over it, and
+`decode_fraction_of_hbm` over the datasheet bandwidth of the device kind (rlscale/metrics/flops.py
+HBM_BW), where known.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ flags.DEFINE_string("decode_chunk", "auto", "KV-cache slots per chunk of generat
                     "'auto' (rollout.decode_chunk's default: from the rows per device)")
 flags.DEFINE_integer("repeats", 11, "timed calls (median reported)")
 flags.DEFINE_list("mesh", ["-1", "1", "1"], "data,fsdp,tensor")
+flags.DEFINE_integer("bandwidth_mb", 256, "MiB of the memory-bandwidth reference (0: skip it)")
 
 
 def chunk_flag():
@@ -43,6 +53,41 @@ def chunk_slots(mesh, rules) -> int:
   from rlscale.sampling import kv_cache
   rows = FLAGS.batch // sharding.batch_divisor(mesh, rules)
   return kv_cache.chunk_size(FLAGS.new_tokens - 1, chunk_flag(), rows)
+
+
+def bandwidth(mb: int) -> float:
+  """Median bytes/s of a jitted x + 1 over mb MiB of float32 on the first device (read and
+  write counted)."""
+  import jax
+  import jax.numpy as jnp
+  x = jnp.zeros((mb * 2**18,), jnp.float32)
+  f = jax.jit(lambda x: x + 1)
+  jax.block_until_ready(f(x))
+  times = []
+  for _ in range(7):
+    t = time.perf_counter()
+    jax.block_until_ready(f(x))
+    times.append(time.perf_counter() - t)
+  return 2 * x.nbytes / statistics.median(times)
+
+
+def roofline(cfg, state, batch: int, step_s: float, bw: float | None, kind: str) -> dict:
+  """The bytes a decode step must read and the fraction of the bandwidth the step reached."""
+  import jax
+  import numpy as np
+  from rlscale.metrics import flops
+  param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
+  kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * np.dtype(cfg.dtype).itemsize
+  context = FLAGS.prompt_len + FLAGS.new_tokens / 2
+  need = param_bytes + batch * kv_per_token * context
+  out = dict(decode_step_s=round(step_s, 6), decode_bytes_per_step=int(need),
+             param_bytes=int(param_bytes))
+  if bw:
+    out["bandwidth_gb_per_s"] = round(bw / 1e9, 1)
+    out["decode_fraction_of_bandwidth"] = round(need / step_s / bw, 4)
+  if kind in flops.HBM_BW:
+    out["decode_fraction_of_hbm"] = round(need / step_s / flops.HBM_BW[kind], 4)
+  return out
 
 
 def main(argv):
@@ -112,6 +157,9 @@ def main(argv):
       call_s=round(gen_s, 4), prefill_s=round(pre_s, 4), compile_s=round(compile_s, 2),
       peak_device_mb=None if peak_dev is None else round(peak_dev / 2**20, 1),
       peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+      device_kind=dev.device_kind,
+      **roofline(cfg, state, b, (gen_s - pre_s) / max(FLAGS.new_tokens - 1, 1),
+                 bandwidth(FLAGS.bandwidth_mb) if FLAGS.bandwidth_mb else None, dev.device_kind),
   )
   print(json.dumps(result))
   sys.stdout.flush()

@@ -19,8 +19,9 @@ critic's) 'auto', what users get, and the line says what it chose. Times are med
 count) over its time, `update_executed_tflops_per_s` the FLOPs its layout computes (each
 group's prompt once under shared-prompt training), `matmul_tflops_per_s` a jitted 2048x2048
 matmul of --dtype measured in the same process, the machine's reference, and
-`update_fraction_of_matmul` the executed rate over it. The counts are of the fixed shape, so
-none of the three is given with --length_mean.
+`update_fraction_of_matmul` the executed rate over it; `update_mfu` is the executed rate over
+the device kind's datasheet bf16 peak (rlscale/metrics/flops.py), where known. The counts are
+of the fixed shape, so none of these is given with --length_mean.
 
 Lengths: by default every response runs --new_tokens tokens. --length_mean=M cuts each
 decoded response at a lognormal length of mean M tokens (--length_sigma of log length) before
@@ -346,6 +347,7 @@ def main(argv):
   del argv
   import jax
   import numpy as np
+  from rlscale.metrics import flops
   from rlscale.run import logs
   from rlscale.trainer.loop import Loop
   logs.quiet_libraries()
@@ -403,6 +405,9 @@ def main(argv):
       out.pop(k)
     out["length_mean"], out["length_sigma"] = FLAGS.length_mean, FLAGS.length_sigma
     out["response_length_mean"] = statistics.median(r["response/length_mean"] for r in rows)
+  peak = flops.peak(0, jax.devices()[0].device_kind)
+  if peak and "update_executed_tflops_per_s" in out:  # MFU against the datasheet's bf16 peak
+    out["update_mfu"] = out["update_executed_tflops_per_s"] * 1e12 / peak
   if FLAGS.matmul:
     out["matmul_tflops_per_s"] = matmul_tflops(FLAGS.matmul, FLAGS.dtype)
     if "update_executed_tflops_per_s" in out:

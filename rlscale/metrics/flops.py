@@ -20,6 +20,13 @@ PEAKS = {
     "NVIDIA A100-SXM4-40GB": 312e12, "NVIDIA A100-SXM4-80GB": 312e12,
     "NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H200": 989e12,
 }
+# Memory bandwidth in bytes/s per device by jax `device_kind` (the same datasheets).
+HBM_BW = {
+    "TPU v5 lite": 819e9, "TPU v5e": 819e9, "TPU v5p": 2.765e12,
+    "TPU v6 lite": 1.64e12, "TPU v6e": 1.64e12,
+    "NVIDIA A100-SXM4-80GB": 2.039e12,
+    "NVIDIA H100 80GB HBM3": 3.35e12, "NVIDIA H200": 4.8e12,
+}
 
 
 def matmul_params(cfg: ModelConfig) -> int:

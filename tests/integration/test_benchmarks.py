@@ -22,8 +22,15 @@ def _run(script, *args, timeout=600):
 @pytest.mark.slow
 def test_decode_benchmark():
   (row,) = _run("decode.py", "--batch=8", "--prompt_len=8", "--new_tokens=8", "--layers=2",
-                "--d_model=64", "--mlp_dim=128", "--vocab=64", "--repeats=2")
+                "--d_model=64", "--mlp_dim=128", "--vocab=64", "--repeats=2", "--bandwidth_mb=8")
   assert row["gen_tokens_per_s"] > 0 and row["batch"] == 8 and row["compile_s"] >= 0
+  # The roofline's bytes: every weight, and 8 rows' keys and values (2 layers x 2 kv heads x
+  # 64 x float32, K and V) over the mean context of 8 prompt + 8 / 2 generated tokens.
+  assert row["decode_bytes_per_step"] == row["param_bytes"] + 8 * (2 * 2 * 2 * 64 * 4) * 12
+  assert row["decode_step_s"] > 0 and row["bandwidth_gb_per_s"] > 0
+  assert row["decode_fraction_of_bandwidth"] == pytest.approx(
+      row["decode_bytes_per_step"] / row["decode_step_s"] / (row["bandwidth_gb_per_s"] * 1e9),
+      rel=0.02)  # rounded
 
 
 @pytest.mark.slow

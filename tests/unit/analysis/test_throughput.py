@@ -413,8 +413,9 @@ def test_published_table_is_predicted():
 
 
 def test_the_accelerator_table_and_the_mfu_peaks_agree():
-  """flops.PEAKS (MFU, by jax device_kind) and accelerators.json (the throughput model) state
-  the same datasheet peaks for the chips both know."""
+  """flops.PEAKS and flops.HBM_BW (MFU and the decode benchmark's roofline, by jax device_kind)
+  and accelerators.json (the throughput model) state the same datasheet figures for the chips
+  both know."""
   from analysis.throughput import accelerators
   from rlscale.metrics import flops
   table = accelerators.load()
@@ -423,3 +424,5 @@ def test_the_accelerator_table_and_the_mfu_peaks_agree():
            "TPU v6e": "tpu-v6e"}
   for kind, row in pairs.items():
     assert flops.PEAKS[kind] == table[row].peak_flops, (kind, row)
+    if kind in flops.HBM_BW:
+      assert flops.HBM_BW[kind] == table[row].hbm_bw, (kind, row)
