@@ -47,17 +47,6 @@ class CheckpointDamaged(Exception):
     super().__init__(f"checkpoint step {step} is damaged: {array}: {problem}")
 
 
-def _remove_tree(path: str, seconds: float = 10.0) -> None:
-  """rmtree, again while a writer of the failed save (a tensorstore thread) still adds files to
-  `path` (one pass then stops at 'directory not empty' and leaves it), for at most `seconds`."""
-  deadline = time.monotonic() + seconds
-  while os.path.lexists(path):
-    shutil.rmtree(path, ignore_errors=True)
-    if not os.path.lexists(path) or time.monotonic() > deadline:
-      return
-    time.sleep(0.05)
-
-
 class Checkpointer:
   def __init__(self, directory: str, keep: int = 2, async_save: bool = True):
     self.directory = os.path.abspath(directory)
@@ -222,8 +211,8 @@ class Checkpointer:
     deadline, quiet_since = time.monotonic() + 15.0, None
     while time.monotonic() < deadline:
       partials = glob.glob(pattern)
-      for partial in partials:
-        _remove_tree(partial)
+      for partial in partials:  # a pass that meets a writer still adding files is retried
+        shutil.rmtree(partial, ignore_errors=True)
       now = time.monotonic()
       quiet_since = None if partials else (quiet_since or now)
       if quiet_since is not None and now - quiet_since >= 1.0:

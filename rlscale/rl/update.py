@@ -141,24 +141,36 @@ def response_fn(forward, field: str, mesh: Mesh, rules: sharding.Rules, group: i
   return call
 
 
+class _HostPlan:
+  """What planning a packing on the host takes: the rows' lengths, fetched replicated (one
+  small jit, so every process plans alike), and the plan placed back on the mesh with each
+  batch shard's part on its own devices only (`sharding.put_global` on the plan's shard axis)."""
+
+  def __init__(self, mesh: Mesh, rules: sharding.Rules):
+    self.mesh, self.rules = mesh, rules
+    self._lengths = jax.jit(packing.input_lengths, out_shardings=sharding.replicated(mesh))
+
+  def lengths(self, resp_mask) -> np.ndarray:
+    return np.asarray(self._lengths(resp_mask))
+
+  def place(self, plan: Packing, shard_axis: int) -> Packing:
+    return jax.tree.map(lambda x: sharding.put_global(x, self.mesh, shard_axis, self.rules), plan)
+
+
 class _WholeBatchPlan:
-  """The packing of a whole batch taken as one micro-batch (response_fn's `pack`), replicated,
-  or None when no bucket saves rows."""
+  """The packing of a whole batch taken as one micro-batch (response_fn's `pack`), or None
+  when no bucket saves rows."""
 
   def __init__(self, mesh: Mesh, rules: sharding.Rules, group: int):
-    self.mesh, self.rules = mesh, rules
+    self.host = _HostPlan(mesh, rules)
     self.shards, self.group = sharding.batch_divisor(mesh, rules), group
-    self._lengths = jax.jit(packing.input_lengths, out_shardings=sharding.replicated(mesh))
 
   def __call__(self, resp_mask) -> Packing | None:
     rows, n = resp_mask.shape
     packer = packing.Packer(num_epochs=1, num_minibatches=1, microbatch=rows,
                             shards=self.shards, group=self.group)
-    p = packer.plan(np.asarray(self._lengths(resp_mask)), np.arange(rows)[None], n - 1)
-    if p is None:
-      return None
-    # Each batch shard receives its own shard's plan (axis 0) only.
-    return jax.tree.map(lambda x: sharding.put_global(x[0, 0, 0], self.mesh, 0, self.rules), p)
+    p = packer.plan(self.host.lengths(resp_mask), np.arange(rows)[None], n - 1)
+    return None if p is None else self.host.place(jax.tree.map(lambda x: x[0, 0, 0], p), 0)
 
 
 # loss(inputs) -> (per-token loss [b, N], {metric name: per-token value [b, N]})
@@ -375,7 +387,7 @@ class Update:
     self._perms, self.packer = perms, packer
     self._jitted = None
     self._orders: dict[int, Any] = {}  # rows -> the jitted row orders
-    self._lengths = None
+    self._host = _HostPlan(mesh, rules)
     self.traces = 0
     self.packed_rows: int | None = None  # the last update's packed rows per shard, None unpacked
 
@@ -396,17 +408,14 @@ class Update:
     if rows not in self._orders:
       self._orders[rows] = jax.jit(lambda k, g: self._perms(k, g)(rows), in_shardings=(rep, rep),
                                    out_shardings=rep)
-      self._lengths = jax.jit(packing.input_lengths, out_shardings=rep)
     perms = self._orders[rows](key, jnp.asarray(by_group))
     if self.packer is None:
       return perms, None
-    lengths = self._lengths(batch.resp_mask)
-    packs = self.packer.plan(np.asarray(lengths), np.asarray(perms), batch.resp_mask.shape[1] - 1)
+    packs = self.packer.plan(self._host.lengths(batch.resp_mask), np.asarray(perms),
+                             batch.resp_mask.shape[1] - 1)
     self.packed_rows = None if packs is None else packs.src.shape[-2]
-    if packs is None:
-      return perms, None
-    # [E, M, m, S, ...]: each batch shard receives its own shard's plan (axis 3) only.
-    return perms, jax.tree.map(lambda x: sharding.put_global(x, self.mesh, 3, self.rules), packs)
+    # [E, M, m, S, ...]: axis 3 is the batch shard's.
+    return perms, None if packs is None else self._host.place(packs, 3)
 
   def __call__(self, state: TrainState, batch: SequenceBatch, key, by_group: bool = False,
                demos: SequenceBatch | None = None, lr_scale: float | None = None):

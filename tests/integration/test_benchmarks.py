@@ -34,6 +34,14 @@ def test_decode_benchmark():
 
 
 @pytest.mark.slow
+def test_decode_floor_benchmark():
+  (row,) = _run("decode_floor.py", "--batch=8", "--prompt_len=8", "--new_tokens=8", "--layers=2",
+                "--d_model=64", "--mlp_dim=128", "--vocab=64", "--steps=4", "--repeats=2")
+  assert row["mean_context"] == 12 and row["dots_ms"] > 0 and row["attention_ms"] > 0
+  assert row["floor_ms"] == pytest.approx(row["dots_ms"] + row["attention_ms"], abs=2e-3)
+
+
+@pytest.mark.slow
 def test_generation_scaling_benchmark():
   rows = _run("generation_scaling.py", "--config=configs/grpo.py:tiny", "--batches=8,16",
               "--repeats=2")
