@@ -9,8 +9,9 @@ Samples at temperature 1 with EOS disabled, so every row runs the full token bud
 `decode_tokens_per_s` leaves the prefill out. Times are medians over --repeats calls;
 `compile_s` is the first call's time less the median.
 
-Roofline: a decode step must read every weight once and each row's keys and values so far, so
-`decode_bytes_per_step` = parameter bytes + rows x KV bytes per token x the mean context
+Roofline, per device: a decode step must read every weight once and each row's keys and
+values so far, so `decode_bytes_per_step` = the device's parameter bytes (less the input
+embedding when it is not tied) + its rows x KV bytes per token x the mean context
 (prompt + new_tokens / 2). `decode_step_s` is the decode's time (the call less the prefill) over
 its new_tokens - 1 steps. `bandwidth_gb_per_s` is the same process's jitted `x + 1` over
 --bandwidth_mb MiB (bytes read and written), the machine's reference;
@@ -71,15 +72,26 @@ def bandwidth(mb: int) -> float:
   return 2 * x.nbytes / statistics.median(times)
 
 
-def roofline(cfg, state, batch: int, step_s: float, bw: float | None, kind: str) -> dict:
-  """The bytes a decode step must read and the fraction of the bandwidth the step reached."""
+def roofline(cfg, state, batch: int, step_s: float, bw: float | None, kind: str, mesh,
+             rules) -> dict:
+  """The bytes a decode step must read on one device (its parameter shards, its rows' keys
+  and values) and the fraction of one device's bandwidth the step reached."""
   import jax
   import numpy as np
   from rlscale.metrics import flops
-  param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
-  kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * np.dtype(cfg.dtype).itemsize
+  def read(path) -> bool:  # an untied input embedding: only the rows' own entries are read
+    keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+    return cfg.tie_embeddings or keys[:2] != ["model", "embed"]
+
+  param_bytes = sum(x.addressable_shards[0].data.nbytes
+                    for path, x in jax.tree_util.tree_leaves_with_path(state) if read(path))
+  from rlscale.parallel import sharding
+  shape = (batch, cfg.num_kv_heads, cfg.head_dim, 1)  # a token's keys, sharded as the cache's
+  rows, heads, dim, _ = sharding.named_sharding(("batch", "act_kv_heads", None, None), shape,
+                                                mesh, rules).shard_shape(shape)
+  kv_per_token = 2 * cfg.num_layers * heads * dim * np.dtype(cfg.compute_dtype).itemsize
   context = FLAGS.prompt_len + FLAGS.new_tokens / 2
-  need = param_bytes + batch * kv_per_token * context
+  need = param_bytes + rows * kv_per_token * context
   out = dict(decode_step_s=round(step_s, 6), decode_bytes_per_step=int(need),
              param_bytes=int(param_bytes))
   if bw:
@@ -159,7 +171,8 @@ def main(argv):
       peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
       device_kind=dev.device_kind,
       **roofline(cfg, state, b, (gen_s - pre_s) / max(FLAGS.new_tokens - 1, 1),
-                 bandwidth(FLAGS.bandwidth_mb) if FLAGS.bandwidth_mb else None, dev.device_kind),
+                 bandwidth(FLAGS.bandwidth_mb) if FLAGS.bandwidth_mb else None, dev.device_kind,
+                 mesh, rules),
   )
   print(json.dumps(result))
   sys.stdout.flush()

@@ -65,17 +65,18 @@ def main(argv):
 
   def dots(x, layers, head):
     for p in layers:
-      qkv = x @ p["qkv"]
-      x = x + qkv[:, :kv * g * d] @ p["o"]
+      qkv = x @ p["qkv"]  # used whole: the output projection reads a sum over its slices
+      x = x + (qkv[:, :kv * g * d] + jnp.sum(qkv[:, kv * g * d:], axis=-1, keepdims=True)) @ p["o"]
       x = x + ((x @ p["gate"]) * (x @ p["up"])) @ p["down"]
-    return x + (x @ head)[:, :1]  # the logits, chained back so that nothing is dropped
+    return x + jnp.sum(x @ head, axis=-1, keepdims=True)  # every logit used: none dropped
 
   t = FLAGS.prompt_len + FLAGS.new_tokens // 2
-  k_cache = w(keys[6], (b, kv, d, t))
-  v_cache = w(keys[7], (b, kv, t, d))
+  cache_keys = jax.random.split(keys[6], 2 * L)  # each layer its own cache, as in the decode
+  k_cache = [w(cache_keys[2 * i], (b, kv, d, t)) for i in range(L)]
+  v_cache = [w(cache_keys[2 * i + 1], (b, kv, t, d)) for i in range(L)]
 
-  def attention(q, k_cache, v_cache):
-    for _ in range(L):
+  def attention(q, k_caches, v_caches):
+    for k_cache, v_cache in zip(k_caches, v_caches):
       s = jnp.einsum("bkgd,bkdt->bkgt", q, k_cache, preferred_element_type=jnp.float32)
       p = jax.nn.softmax(s, axis=-1).astype(dt)
       q = q + jnp.einsum("bkgt,bktd->bkgd", p, v_cache)

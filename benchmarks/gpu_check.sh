@@ -3,12 +3,14 @@
 # a Qwen2.5-0.5B-shaped policy in bf16 on one accelerator.
 #   decode (benchmarks/decode.py): 64 and 256 rows of prompt 32 + 64 new tokens, and 64 rows of
 #     prompt 128 + 512 new: the decode step's share of the memory roofline
-#     (decode_fraction_of_hbm, decode_fraction_of_bandwidth);
+#     (decode_fraction_of_hbm; decode_fraction_of_bandwidth in the 64-row run, which measures
+#     the bandwidth);
 #   one GRPO step (benchmarks/rl_step.py), P=64 x G=8, prompt 32 + 64 new: the update's MFU
 #     (update_mfu) and its rate against an 8192^2 bf16 matmul in the same process.
 # Each benchmark runs under its own time limit in seconds (the second argument of `bench`, times
-# SCALE_T, default 1), so a slow or failing one still leaves the others' lines. SHAPE overrides the model shape (a CPU rehearsal: SHAPE of
-# a small model). Run from the repository root:  OUT=/tmp/gpu bash benchmarks/gpu_check.sh
+# SCALE_T, default 1), so a slow or failing one still leaves the others' lines (a failed one
+# writes none). SHAPE overrides the model shape (a CPU rehearsal: SHAPE of a small model).
+# Run from the repository root:  OUT=/tmp/gpu bash benchmarks/gpu_check.sh
 set -u
 out=${OUT:-gpu_check}
 mkdir -p "$out"
@@ -21,7 +23,7 @@ bench() {  # name, seconds, script and flags: one JSON line to results.jsonl, st
   local name=$1 limit=$(( $2 * ${SCALE_T:-1} ))
   shift 2
   local t0=$SECONDS
-  timeout "$limit" "$py" "$@" 2>"$out/$name.err" | tail -1 | tee -a "$out/results.jsonl"
+  timeout "$limit" "$py" "$@" 2>"$out/$name.err" | grep '^{' | tail -1 | tee -a "$out/results.jsonl"
   echo "# $name: exit ${PIPESTATUS[0]} after $((SECONDS - t0)) s"
   grep -v "^I0000\|^W0000" "$out/$name.err" | tail -4
 }

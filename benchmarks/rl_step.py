@@ -20,7 +20,7 @@ count) over its time, `update_executed_tflops_per_s` the FLOPs its layout comput
 group's prompt once under shared-prompt training), `matmul_tflops_per_s` a jitted 2048x2048
 matmul of --dtype measured in the same process, the machine's reference, and
 `update_fraction_of_matmul` the executed rate over it; `update_mfu` is the executed rate over
-the device kind's datasheet bf16 peak (rlscale/metrics/flops.py), where known. The counts are
+the trainer's devices' datasheet bf16 peak (rlscale/metrics/flops.py), where known. The counts are
 of the fixed shape, so none of these is given with --length_mean.
 
 Lengths: by default every response runs --new_tokens tokens. --length_mean=M cuts each
@@ -368,6 +368,7 @@ def main(argv):
     executed = executed_update_flops(trainer, plen, np.full(rows_n, FLAGS.new_tokens))
     plan = trainer.plan.describe()
     trainer_epochs = sum(m.batch.num_epochs for m in trainer.algo.models.values())
+    trainer_devices = trainer.meshes.trainer.size
   step_s, step_spread = med(rows, "time/step")
   update_keys = [k for k in rows[0] if k.endswith("_update")]
   update_times = [sum(r[k] for k in update_keys) for r in rows]
@@ -406,8 +407,9 @@ def main(argv):
     out["length_mean"], out["length_sigma"] = FLAGS.length_mean, FLAGS.length_sigma
     out["response_length_mean"] = statistics.median(r["response/length_mean"] for r in rows)
   peak = flops.peak(0, jax.devices()[0].device_kind)
-  if peak and "update_executed_tflops_per_s" in out:  # MFU against the datasheet's bf16 peak
-    out["update_mfu"] = out["update_executed_tflops_per_s"] * 1e12 / peak
+  if peak and "update_executed_tflops_per_s" in out:  # over the trainer's devices' bf16 peak
+    out["update_mfu"] = (out["update_executed_tflops_per_s"] * 1e12
+                         / (peak * trainer_devices))
   if FLAGS.matmul:
     out["matmul_tflops_per_s"] = matmul_tflops(FLAGS.matmul, FLAGS.dtype)
     if "update_executed_tflops_per_s" in out:

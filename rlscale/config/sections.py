@@ -143,7 +143,7 @@ def optim(lr: float) -> ml_collections.ConfigDict:
   c.eps = 1e-8  # Adam epsilon
   c.weight_decay = 0.0  # decoupled weight decay (AdamW)
   c.grad_clip = 1.0  # clip the global gradient norm to this; 0 turns clipping off
-  c.state_dtype = ""  # Adam moments' dtype; empty: the parameters' (float32 under bf16 params)
+  c.state_dtype = ""  # Adam moments' dtype; empty: the parameters' ('float32' under bf16 ones)
   return c
 
 
