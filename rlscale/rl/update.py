@@ -402,7 +402,8 @@ class Update:
     return jax.device_put(state, self.state_shardings(state))
 
   def _plan(self, batch: SequenceBatch, key, by_group: bool):
-    """(each epoch's row order [E, B], the step's packing or None), both replicated."""
+    """(each epoch's row order [E, B], replicated; the step's packing or None, each batch
+    shard's part on its own devices)."""
     rep = sharding.replicated(self.mesh)
     rows = batch.tokens.shape[0]
     if rows not in self._orders:
