@@ -127,3 +127,13 @@ def test_same_numbers_compares_the_computation_not_the_machine():
   noise = dict(row, **{"actor/noise_responses/b_simple": 3.0})
   assert m.compare([noise], [row], ignore=("actor/noise_responses",)) is None
   assert "absent after" in m.compare([noise], [row])
+
+
+@pytest.mark.slow
+def test_matmul_shapes_benchmark():
+  (row,) = _run("matmul_shapes.py", "--rows=32", "--decode_rows=4", "--square=64", "--repeats=2")
+  assert row["framework"] == "jax" and row["square_gflops_per_s"] > 0
+  # Five weights: forward, input and weight gradients in training; the forward in decode.
+  assert len(row["train_each"]) == 15 and len(row["decode_each"]) == 5
+  assert row["train_of_square"] == pytest.approx(
+      row["train_gflops_per_s"] / row["square_gflops_per_s"], abs=2e-3)
