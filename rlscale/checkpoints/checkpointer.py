@@ -48,9 +48,13 @@ class CheckpointDamaged(Exception):
 
 
 class Checkpointer:
-  def __init__(self, directory: str, keep: int = 2, async_save: bool = True):
+  def __init__(self, directory: str, keep: int | None = 2, async_save: bool = True,
+               keep_period: int = 0, create: bool = True):
+    """`keep` newest checkpoints are kept, and with `keep_period` > 0 also every step that is a
+    multiple of it; `create=False` reads a directory (another run's) without making it."""
     self.directory = os.path.abspath(directory)
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=create,
+                                           keep_period=keep_period or None,
                                            enable_async_checkpointing=async_save)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
     self._in_flight: tuple[int, int] | None = None  # (step, bytes) of the save being written

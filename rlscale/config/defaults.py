@@ -33,7 +33,8 @@ DEFAULTS = {
     "task.instruction": "Put the final answer in \\boxed{}.", "task.enable_thinking": None,
     "task.grader": "numeric", "task.grader_regex": "", "task.grader_timeout_s": 2.0,
     "task.demo_files": "", "task.demo_field": "response",
-    "eval.greedy": True, "eval.sampled": False,
+    "eval.greedy": True, "eval.sampled": False, "eval.reference": False,
+    "init.branch_from": "", "init.branch_step": 0, "train.keep_period": 0,
 }
 
 

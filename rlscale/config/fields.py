@@ -23,7 +23,9 @@ __all__ = ["EVAL_METRICS", "check", "check_directory", "integer", "number", "boo
 # rlscale/trainer/evaluation.py).
 _EVAL_KEYS = ("accuracy", "reward", "response_len", "finished")
 EVAL_METRICS = tuple(f"eval/{k}_{m}" for m in ("greedy", "sampled") for k in _EVAL_KEYS)
-_FRACTIONS = ("accuracy", "finished")  # metrics in [0, 1]
+# With eval.reference: the reference response's mean log-likelihood and probability.
+REFERENCE_METRICS = ("eval/reference_logprob", "eval/reference_prob")
+_FRACTIONS = ("accuracy", "finished", "reference_prob")  # metrics in [0, 1]
 
 # Sections a config of each kind needs; a missing one is reported alone.
 _SECTIONS = {"sft": ("model", "mesh", "task", "sft", "optim", "train", "eval"),
@@ -143,6 +145,8 @@ def _train(errors: list[str], cfg) -> None:
       integer(errors, f"train.{f}", t[f], minimum=0)
   integer(errors, "train.keep_checkpoints", t.keep_checkpoints,
           why=" (at 0 orbax deletes every checkpoint it saves)")
+  if "keep_period" in t:
+    integer(errors, "train.keep_period", t.keep_period, minimum=0)
   for f in ("async_checkpoint", "tensorboard"):
     boolean(errors, f"train.{f}", t[f])
   if "peak_flops" in t:
@@ -154,11 +158,13 @@ def _train(errors: list[str], cfg) -> None:
           why=" (held-out rows per compiled decode call)")
   if "sampled" in e:
     boolean(errors, "eval.sampled", e.sampled)
+  if "reference" in e:
+    boolean(errors, "eval.reference", e.reference)
   if "greedy" in e:
     boolean(errors, "eval.greedy", e.greedy)
-    if e.greedy is False and e.sampled is False:
+    if e.greedy is False and e.sampled is False and e.get("reference") is not True:
       errors.append("eval.greedy=False with eval.sampled=False: the held-out set would never "
-                    "be scored; keep one of them")
+                    "be scored; keep one of them (or eval.reference=True)")
 
 
 def _rollout(errors: list[str], cfg) -> None:
@@ -189,13 +195,15 @@ def _target(errors: list[str], cfg) -> None:
   t = cfg.target
   on = {"sampled": cfg.eval.sampled is True, "greedy": cfg.eval.greedy is not False}
   known = [m for m in EVAL_METRICS if on[m.rsplit("_", 1)[1]]]
+  known += list(REFERENCE_METRICS) if cfg.eval.get("reference") is True else []
   if t.metric not in known:
     off = [k for k, v in on.items() if not v]
     hint = (f" (eval.{off[0]}=False: no *_{off[0]} metric)" if off and t.metric in EVAL_METRICS
             else "")
     errors.append(f"target.metric={t.metric!r} is not an evaluation metric{hint}; known: "
                   f"{', '.join(known)}")
-  fraction = isinstance(t.metric, str) and t.metric.split("/")[-1].split("_")[0] in _FRACTIONS
+  name = t.metric.split("/")[-1] if isinstance(t.metric, str) else ""
+  fraction = name.split("_")[0] in _FRACTIONS or name in _FRACTIONS
   if fraction:
     number(errors, "target.value", t.value, f"in [0, 1] ({t.metric} is a fraction)",
            lambda v: 0 <= v <= 1)
@@ -217,5 +225,27 @@ def _folders(errors: list[str], cfg) -> None:
                     f"its weights (or set init.hf_checkpoint)")
   else:
     errors += check_directory(i.cache_dir, "init.cache_dir")
+  _branch(errors, i)
   if "critic" in cfg and cfg.critic.hf_checkpoint:
     hf_folder(errors, "critic.hf_checkpoint", cfg.critic.hf_checkpoint, weights=True)
+
+
+def _branch(errors: list[str], i) -> None:
+  """init.branch_from names a run directory holding the checkpoint of init.branch_step."""
+  if "branch_from" not in i:
+    return
+  integer(errors, "init.branch_step", i.branch_step, minimum=0)
+  if not i.branch_from:
+    return
+  if not isinstance(i.branch_from, str):
+    errors.append(f"init.branch_from={i.branch_from!r} must name a run directory")
+    return
+  folder = os.path.join(i.branch_from, "checkpoints")
+  if not os.path.isdir(folder):
+    errors.append(f"init.branch_from={i.branch_from!r} has no checkpoints/ folder: name the run "
+                  "directory of the run to branch from")
+    return
+  steps = sorted(int(s) for s in os.listdir(folder) if s.isdigit())
+  if isinstance(i.branch_step, int) and i.branch_step not in steps:
+    errors.append(f"init.branch_step={i.branch_step!r}: {i.branch_from} keeps the checkpoints "
+                  f"of steps {steps or 'none'} (train.keep_period keeps more)")

@@ -155,6 +155,9 @@ def run(num_steps: int) -> ml_collections.ConfigDict:
   c.eval_every_responses = 0  # evaluate at multiples of this responses_seen instead of steps
   c.checkpoint_every = 50  # save every N steps (and at the end); 0 only at the end
   c.keep_checkpoints = 2  # checkpoints kept on disk
+  # Also keep every checkpoint whose step is a multiple of this (0: none): the points a
+  # critical-batch probe can branch from (launch/cbs_probe.py).
+  c.keep_period = 0
   c.async_checkpoint = True  # write checkpoints while the next steps run
   c.log_every = 10  # console progress line every N steps
   c.tensorboard = True  # TensorBoard event files beside metrics.jsonl
@@ -199,6 +202,11 @@ def init(sft_config: str = "configs/sft.py") -> ml_collections.ConfigDict:
   c.hf_checkpoint = ""  # start from this folder (else model.hf_checkpoint, else the SFT base)
   c.sft_config = sft_config  # the base policy's recipe (its model/task/mesh are the run's)
   c.cache_dir = "runs/base"  # base policies are cached here by the SFT config's hash
+  # A branch (launch/cbs_probe.py): start from the checkpoint of step `branch_step` of the run
+  # in `branch_from` (its weights and optimizer state, not its counters), on the prompts after
+  # those it trained on. Empty: start from the base policy.
+  c.branch_from = ""
+  c.branch_step = 0
   return c
 
 
@@ -233,6 +241,10 @@ def evaluation() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.greedy = True  # score the greedy (temperature 0) response to every held-out problem
   c.sampled = True  # score one temperature-1 response per held-out problem
+  # The log-likelihood of the task's reference response to every held-out problem, teacher
+  # forced: eval/reference_logprob (its mean) and eval/reference_prob (the mean probability of
+  # writing exactly it), free of sampling noise (launch/cbs_probe.py's progress measure).
+  c.reference = False
   c.generation_batch = 512  # held-out rows per compiled decode call
   return c
 

@@ -61,6 +61,11 @@ class Task(abc.ABC):
   def demonstration(self, problem: Problem) -> str:
     """A correct response, for supervised training of the base policy."""
 
+  def reference_response(self, problem: Problem) -> str:
+    """A correct response, whose likelihood eval.reference measures (the probe's progress,
+    launch/cbs_probe.py): the demonstration, which is correct by its contract."""
+    return self.demonstration(problem)
+
   @abc.abstractmethod
   def verify(self, response: str, problem: Problem) -> Score:
     """Score a decoded response; malformed text scores 0 and never raises."""

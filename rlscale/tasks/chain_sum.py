@@ -89,6 +89,10 @@ class ChainSum(Procedural):
              if zlib.crc32(f"{self.seed}:{problem.question}:{i}".encode()) < self.flaw * 2**32}
     return self.scratchpad(terms, drops)
 
+  def reference_response(self, problem: Problem) -> str:
+    """The right chain: every carry taken (the demonstrations drop some on purpose)."""
+    return self.scratchpad(tuple(int(x) for x in problem.question.rstrip("=").split("+")))
+
   # --- grading ---
 
   def verify(self, response: str, problem: Problem) -> Score:

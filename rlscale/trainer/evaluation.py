@@ -1,13 +1,21 @@
-"""Held-out evaluation: accuracy of greedy and of sampled (temperature 1) responses.
+"""Held-out evaluation: accuracy of greedy and of sampled (temperature 1) responses, and the
+likelihood of reference responses.
 
 The sampled accuracy is the policy's expected reward on the held-out set (the RL objective);
-the greedy one flips as soon as the right token becomes the mode, often in a few steps.
+the greedy one flips as soon as the right token becomes the mode, often in a few steps. With
+`reference`, each held-out problem's reference response (Task.reference_response, EOS included)
+is scored teacher-forced: eval/reference_logprob is the mean over problems of its summed log p,
+eval/reference_prob the mean of its probability, the chance that a temperature-1 response is
+exactly it: a lower bound on the sampled accuracy when the reference is the one right answer's
+usual form, and free of sampling noise (one forward pass, no draw).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import jax
+import jax.numpy as jnp
+from absl import logging
 from flax import nnx
 from jax.experimental import multihost_utils
 
@@ -15,7 +23,7 @@ from rlscale.parallel import distributed
 from rlscale.trainer import rollout
 from rlscale.parallel import sharding
 from rlscale.sampling import Sampler, SamplingParams, generate
-from rlscale.tasks.base import Task
+from rlscale.tasks.base import Task, right_pad, turn_end_id
 
 
 class Evaluator:
@@ -23,8 +31,8 @@ class Evaluator:
 
   def __init__(self, task: Task, graphdef: nnx.GraphDef, mesh, rules, *, max_new_tokens: int,
                generation_batch: int, decode_chunk: int = 64, sampled: bool = True,
-               greedy: bool = True):
-    self.task = task
+               greedy: bool = True, reference: bool = False):
+    self.task, self.graphdef, self.mesh, self.rules = task, graphdef, mesh, rules
     eos, pad = task.tokenizer.eos_ids, task.tokenizer.pad_id
     common = dict(max_new_tokens=max_new_tokens, eos_ids=eos, pad_id=pad, decode_chunk=decode_chunk)
     temperatures = {"greedy": 0.0} if greedy else {}
@@ -45,6 +53,7 @@ class Evaluator:
     self.real = np.arange(rows.start, rows.stop) < self.num
     self.tokens, self.mask = rollout.prompts(task, self.problems)
     self.eos = eos
+    self.reference = self._reference_rows(max_new_tokens) if reference else None
 
   def __call__(self, state: nnx.State, key: jax.Array) -> dict[str, float]:
     out = {}
@@ -60,4 +69,41 @@ class Evaluator:
       out[f"eval/reward_{name}"] = sums[1] / self.num
       out[f"eval/response_len_{name}"] = sums[2] / self.num
       out[f"eval/finished_{name}"] = sums[3] / self.num
+    if self.reference is not None:
+      out.update(self._reference_scores(state))
     return out
+
+  def _reference_rows(self, max_new_tokens: int):
+    """(tokens, mask) of prompt + reference response + EOS for this process's rows, and the
+    jitted sum of the response's log-probs per row."""
+    tok = self.task.tokenizer
+    answers = [tok.encode(self.task.reference_response(p)) + [turn_end_id(tok)]
+               for p in self.problems]
+    n = max(len(a) for a in answers)
+    if n > max_new_tokens:
+      logging.warning("eval.reference: reference responses of up to %d tokens exceed "
+                      "rollout.max_new_tokens=%d; scored whole", n, max_new_tokens)
+    resp, resp_mask = right_pad(answers, n, tok.pad_id)
+    tokens = np.concatenate([self.tokens, resp], axis=1)
+    mask = np.concatenate([self.mask, resp_mask], axis=1)
+    graphdef, mesh, rules = self.graphdef, self.mesh, self.rules
+
+    def summed(state, tokens_BxT, mask_BxT):
+      with sharding.activation_sharding(mesh, rules):
+        lp = nnx.merge(graphdef, state).response_logprobs(tokens_BxT, mask_BxT, n)[0]
+      return jnp.sum(jnp.where(mask_BxT[:, -n:], lp, 0.0), axis=1)
+
+    return tokens, mask, jax.jit(summed)
+
+  def _reference_scores(self, state: nnx.State) -> dict[str, float]:
+    tokens, mask, summed = self.reference
+    take = self.gb // jax.process_count()  # this process's rows per call, as in the decode
+    logp = np.concatenate([
+        np.asarray(distributed.host_local(summed(
+            state, sharding.put_batch(tokens[i:i + take], self.mesh, self.rules),
+            sharding.put_batch(mask[i:i + take], self.mesh, self.rules))))
+        for i in range(0, len(tokens), take)])[self.real].astype(np.float64)
+    sums = np.array([logp.sum(), np.exp(logp).sum()])
+    if jax.process_count() > 1:
+      sums = np.asarray(multihost_utils.process_allgather(sums)).sum(axis=0)
+    return {"eval/reference_logprob": sums[0] / self.num, "eval/reference_prob": sums[1] / self.num}

@@ -13,6 +13,7 @@ What a trainer provides is the `Trainer` protocol below; the RL and SFT trainers
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from typing import Any, Protocol, runtime_checkable
@@ -121,7 +122,7 @@ class Loop:
     self.steps, self.eval_at_start = num_steps, eval_at_start
     t = cfg.train
     self.ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), t.keep_checkpoints,
-                             t.async_checkpoint)
+                             t.async_checkpoint, keep_period=t.get("keep_period", 0))
     self.target = cfg.target if "target" in cfg else None  # SFT has none
     self.counters: dict[str, Any] = {"step": 0, "wall_time": 0.0, "seed": cfg.seed}
     self.last_eval: dict[str, float] = {}
@@ -161,6 +162,9 @@ class Loop:
                         f"the checkpoints were saved with; resume with that config, or give "
                         f"another --workdir") from e
     start = step or 0
+    branch = self.cfg.get("init", {}).get("branch_from") if "init" in self.cfg else ""
+    if not start and branch:
+      self._branch(branch, self.cfg.init.branch_step)
     if start:
       self.trainer.load(state, meta.pop("trainer", {}))
       self.last_eval = meta.pop("last_eval", {})  # a finished run's summary keeps its evaluation
@@ -174,6 +178,23 @@ class Loop:
       self.counters.update(meta)
       logging.info("resumed from the checkpoint of step %d in %s", start, self.workdir)
     return start
+
+  def _branch(self, parent: str, step: int) -> None:
+    """A new branch (init.branch_from): the trainer's arrays from the parent's checkpoint of
+    `step`; this run's counters start from zero."""
+    ckpt = Checkpointer(os.path.join(parent, "checkpoints"), keep=None, async_save=False,
+                        create=False)
+    try:
+      state, meta = ckpt.restore(step, self.trainer.state())
+    except CheckpointMismatch as e:
+      raise ConfigError(f"init.branch_from={parent!r}: {e}: the branch's model or optimizer "
+                        "differs from the run it branches from") from e
+    finally:
+      ckpt.close()
+    with open(os.path.join(parent, "config.json")) as f:
+      prompts = step * json.load(f)["rl"]["num_prompts"]
+    self.trainer.branch(state, meta.get("trainer", {}), prompts)
+    logging.info("branched from the checkpoint of step %d of %s", step, parent)
 
   def run(self) -> tuple[dict[str, Any], dict[str, float]]:
     """Run to the last step; returns (counters, last evaluation)."""

@@ -95,13 +95,14 @@ class RLTrainer:
                                max_new_tokens=ro.max_new_tokens,
                                generation_batch=cfg.eval.generation_batch,
                                decode_chunk=ro.decode_chunk, sampled=cfg.eval.sampled,
-                               greedy=cfg.eval.greedy)
+                               greedy=cfg.eval.greedy, reference=cfg.eval.reference)
     self.prompt_level = any(m.prompt_level for m in self.algo.models.values())
     self.peak = flops.peak(cfg.train.peak_flops, jax.devices()[0].device_kind)
     self.rows = distributed.process_rows(self.plan.num_prompts)
     self.key = jax.random.key(cfg.seed)
     self.refill = None  # rollout.dynamic_sampling: the rounds of a step
     self.next_prompt: int | None = None  # the stream index of the next step's first prompt
+    self.prompt_offset = 0  # a branch's stream starts after the prompts its parent drew
     if ro.dynamic_sampling:
       from rlscale.trainer.refill import Refill
       self.refill = Refill(self.sampler, env.task, self.plan.num_prompts, self.plan.group_size,
@@ -141,11 +142,25 @@ class RLTrainer:
     # The restored weights sample the next step: an overlapped run resumes on-policy (lag 0).
     self.sampler_params, self.prefetched = self.sync(self.actor.params), None
     self.next_prompt = meta.get("next_prompt")  # None: a run without dynamic sampling
+    self.prompt_offset = meta.get("prompt_offset", 0)
     if self.refill is not None:
       self.refill.load(meta.get("refill", {}))
 
+  def branch(self, state, meta: dict[str, Any], parent_prompts: int) -> None:
+    """Start from another run's checkpoint (init.branch_from): its weights and optimizer
+    state; the noise-scale estimates, the counters and the filtered fraction start afresh, and
+    the prompt stream after the parent's (`meta`: its trainer meta; `parent_prompts`: the
+    prompts its steps drew without dynamic sampling), so that no branch trains on a prompt its
+    parent trained on."""
+    for n, m in self.algo.models.items():
+      m.state = state[n]
+    self.sampler_params, self.prefetched = self.sync(self.actor.params), None
+    self.prompt_offset = meta.get("next_prompt") or parent_prompts
+
   def meta(self) -> dict[str, Any]:
     out = {"noise": {n: m.noise_state() for n, m in self.algo.models.items()}}
+    if self.prompt_offset:
+      out["prompt_offset"] = self.prompt_offset
     if self.refill is not None:  # the prompt stream's position and the filtered fraction
       out.update(next_prompt=self.next_prompt, refill=self.refill.state())
     return out
@@ -168,7 +183,7 @@ class RLTrainer:
   def _dispatch(self, step: int, version: int) -> Begun:
     """Step `step`'s decode with the sampler's current weights, those after step `version`'s
     update (step - 1 on-policy; step - 2 when an overlapped step - 1 dispatched it)."""
-    first = (step - 1) * self.plan.num_prompts
+    first = self.prompt_offset + (step - 1) * self.plan.num_prompts
     if self.refill is not None:  # round 1; complete() sends the rounds after it
       first = first if self.next_prompt is None else self.next_prompt
       t = time.time()

@@ -32,6 +32,7 @@ class Folder(str):
 
 MISSING, FILE, UNDER_FILE = Folder("missing"), Folder("file"), Folder("file/run")
 CONFIG_ONLY, BAD_JSON = Folder("config_only"), Folder("bad_json")
+KEPT_2 = Folder("run_kept_2")  # a run directory that kept the checkpoint of step 2 only
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +44,7 @@ def folders(tmp_path_factory):
   (root / "bad_json").mkdir()
   (root / "bad_json" / "config.json").write_text("{")
   (root / "bad_json" / "tokenizer.json").write_text("{}")
+  (root / "run_kept_2" / "checkpoints" / "2").mkdir(parents=True)
   return root
 
 
@@ -199,6 +201,13 @@ BAD = [
         also={"eval.sampled": False}),
     row("grpo.py", "target.metric", "eval/accuracy_greedy", "eval.greedy=False: no *_greedy",
         also={"eval.greedy": False}),
+    row("grpo.py", "eval.reference", "yes", "eval.reference='yes' must be True or False"),
+    row("grpo.py", "target.metric", "eval/reference_prob", "is not an evaluation metric"),
+    row("grpo.py", "train.keep_period", -1, "train.keep_period=-1 must be an integer >= 0"),
+    row("grpo.py", "init.branch_step", -2, "init.branch_step=-2 must be an integer >= 0"),
+    row("grpo.py", "init.branch_from", MISSING, "has no checkpoints/ folder"),
+    row("grpo.py", "init.branch_from", KEPT_2, "keeps the checkpoints of steps [2]",
+        also={"init.branch_step": 5}, name="init.branch_step=5"),
     # init
     row("grpo.py", "init.hf_checkpoint", MISSING, "does not exist: give a Hugging Face folder"),
     row("grpo.py", "init.hf_checkpoint", CONFIG_ONLY, "lacks *.safetensors"),
