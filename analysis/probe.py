@@ -1,0 +1,234 @@
+"""The critical batch at a point of training, from branched runs (launch/cbs_probe.py).
+
+    python analysis/probe.py RUN_DIR/probe --run=RUN_DIR        # writes RUN_DIR/probe/report/
+
+Merrill et al. 2025 ("Critical Batch Size Revisited") measure it locally: from one checkpoint,
+short continuations at several batches, each with the learning rate its rule gives; the
+critical batch is where a larger batch stops making the same progress per sample. Here:
+
+- Progress is the branch's held-out metric (eval/reference_prob by default: the mean
+  probability of each held-out problem's reference response, teacher forced) against the
+  responses the branch generated. It has no evaluation noise: one forward pass, no sampling, the
+  same problems for every branch; what differs between seeds is the training itself.
+- Every branch of a point starts from the same checkpoint, so their first evaluations agree
+  (`m0`); a disagreement is reported (branches of different checkpoints mixed up).
+- The gain to reach is `gain` x the least median gain any batch's seeds made over the budget
+  (the largest batch's, when progress per sample falls with B): that batch reaches it at about
+  `gain` of its budget and every other batch sooner, so every batch's E is measured, none
+  censored at the budget.
+- E(B, seed): the responses a branch took to gain that much, the first crossing of the
+  monotone fit of its evaluations (rlscale/metrics/crossing.py, the study's reading); inf when
+  it never did.
+- B_crit: `analysis.fits.critical_batch` on {B: E per seed}, the study's estimator: E = E_min
+  (1 + B/B_crit), its interval from resampling the seeds, and "not identified" with its
+  reasons when the data do not pin it down (fewer than 3 seeds, E not growing, B_crit beyond
+  the batches tried: then a bound).
+
+B_simple of the run at the branch point (the probe's parent) is read as the study reads it
+(`study_table.b_simple_in` over the steps in [S/2, 3S/2]), response- and prompt-level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+from analysis import fits, study_table
+from analysis import runs as runs_lib
+
+METRIC = "eval/reference_prob"
+
+
+def gain_target(curves_by_batch: dict[int, list], gain: float) -> tuple[float, float]:
+  """(m0, the value to reach): m0 is the branches' common first value; the value to reach is
+  m0 + gain x the least, over batches, of the median final gain of the batch's seeds."""
+  if not 0 < gain <= 1:
+    raise ValueError(f"gain={gain}: must be in (0, 1]")
+  firsts = [c[0][1] for cs in curves_by_batch.values() for c in cs if c]
+  if not firsts:
+    raise ValueError("no branch has an evaluation")
+  m0 = float(np.median(firsts))
+  least = min(float(np.median([c[-1][1] - m0 for c in cs if c]))
+              for cs in curves_by_batch.values() if any(cs))
+  return m0, m0 + gain * least
+
+
+def estimate(curves_by_batch: dict[int, list], gain: float = 0.5, min_seeds: int = 3,
+             reps: int = 1000, seed: int = 0) -> dict[str, Any]:
+  """B_crit at one branch point from each batch's branch curves [(responses, value), ...] (one
+  per seed, the branch point first). Returns fits.critical_batch's dict (b_crit, its interval,
+  identified, reasons, n seeds per batch) with m0, the target, the E per seed and `spread`, the
+  largest difference between the branches' first values."""
+  curves_by_batch = {int(b): [list(c) for c in cs] for b, cs in curves_by_batch.items()}
+  m0, target = gain_target(curves_by_batch, gain)
+  firsts = [c[0][1] for cs in curves_by_batch.values() for c in cs if c]
+  spread = float(max(firsts) - min(firsts))
+  e = {b: [fits.first_crossing([x for x, _ in c], [y for _, y in c], target) for c in cs]
+       for b, cs in curves_by_batch.items()}
+  if target <= m0:
+    out = dict(batches=sorted(map(float, e)), n=[len(e[b]) for b in sorted(e)], identified=False,
+               reasons=[f"a batch made no progress (least median gain {(target - m0) / gain:.3g} "
+                        f"from {m0:.3g}): drop it or give the branches more responses"])
+  else:
+    out = dict(fits.critical_batch(e, reps=reps, seed=seed, min_seeds=min_seeds))
+    out.pop("b_crit_draws", None), out.pop("e_min_draws", None)
+  if spread > 1e-6 * max(1.0, abs(m0)):
+    out["reasons"].append(f"the branches' first evaluations differ by {spread:.3g}: they did not "
+                          "all start from one checkpoint")
+    out["identified"] = False
+  return dict(out, m0=m0, target=target, gain=gain, spread=spread,
+              responses_to_gain={str(b): v for b, v in e.items()})
+
+
+def text(est: dict[str, Any]) -> str:
+  """B_crit with its interval and seeds, or 'not identified (reasons)' and the bound."""
+  seeds = "/".join(str(n) for n in est.get("n", []))
+  if est.get("identified"):
+    return (f"B_crit {est['b_crit']:.3g} responses (95% interval {est['b_crit_lo']:.3g}-"
+            f"{est['b_crit_hi']:.3g}, seeds per batch {seeds})")
+  bound = est.get("bound")
+  b = (f"; B_crit {'>' if bound[0] == 'lower' else '<'} {bound[1]:.3g}" if bound else "")
+  return f"not identified ({'; '.join(est['reasons'])}){b} (seeds per batch {seeds})"
+
+
+# --- reading a probe's branches -----------------------------------------------------------------
+
+def branch_dirs(probe_dir: str) -> list[str]:
+  """The finished branches of every step_<S>/ sweep of the probe."""
+  steps = sorted((d for d in os.listdir(probe_dir) if d.startswith("step_")),
+                 key=lambda d: int(d[5:]) if d[5:].isdigit() else -1)
+  return runs_lib.expand([os.path.join(probe_dir, d) for d in steps
+                          if os.path.exists(os.path.join(probe_dir, d, "sweep.json"))])
+
+def load(probe_dir: str, metric: str = METRIC) -> dict[int, dict[int, list]]:
+  """{branch step: {B: [curve per finished seed]}} of the probe's finished branches; a curve
+  is [(responses generated since the branch, value)] with the branch point first."""
+  out: dict[int, dict[int, list]] = {}
+  for path in branch_dirs(probe_dir):
+    run = runs_lib.load(path)
+    step = int(run.config["init"]["branch_step"])
+    curve = run.curve(metric)
+    if curve:
+      out.setdefault(step, {}).setdefault(run.batch, []).append(curve)
+  return out
+
+
+def cost(probe_dir: str, parent_dir: str) -> dict[str, Any]:
+  """Responses generated and seconds taken by the branches of each point, beside the parent's."""
+  parent = runs_lib.load(parent_dir)
+  parent_resp = parent.summary.get("responses_seen") or parent.curve(METRIC)[-1:] or math.nan
+  parent_s = parent.summary.get("wall_time", math.nan)
+  by_step: dict[int, dict[str, float]] = {}
+  for path in branch_dirs(probe_dir):
+    run = runs_lib.load(path)
+    c = by_step.setdefault(int(run.config["init"]["branch_step"]),
+                           {"responses": 0.0, "seconds": 0.0, "branches": 0})
+    c["responses"] += run.summary.get("responses_seen", 0)
+    c["seconds"] += run.summary.get("wall_time", 0.0)
+    c["branches"] += 1
+  for c in by_step.values():
+    c["of_parent_responses"] = c["responses"] / parent_resp
+    c["of_parent_seconds"] = c["seconds"] / parent_s
+  return {"parent_responses": parent_resp, "parent_seconds": parent_s, "by_step": by_step}
+
+
+def parent_noise(parent_dir: str, step: int) -> dict[str, float]:
+  """The parent's B_simple in responses over steps [S/2, 3S/2], prompt- and response-level (nan
+  where it logged none, inf where |G|^2 was not positive)."""
+  run = runs_lib.load(parent_dir)
+  per = run.plan.responses
+  lo, hi = per * step / 2, per * step * 1.5
+  return {f"b_simple_{unit}": study_table.b_simple_in(run, lo, hi, unit)
+          for unit in ("prompts", "responses")}
+
+
+def analyse(probe_dir: str, parent_dir: str, metric: str = METRIC, gain: float = 0.5,
+            min_seeds: int = 3) -> dict[str, Any]:
+  """Every branch point's estimate, the parent's B_simple there and the probe's cost."""
+  points = {}
+  for step, curves in sorted(load(probe_dir, metric).items()):
+    est = estimate(curves, gain=gain, min_seeds=min_seeds)
+    points[step] = dict(est, **parent_noise(parent_dir, step), text=text(est))
+  return {"metric": metric, "gain": gain, "parent": os.path.abspath(parent_dir),
+          "points": points, "cost": cost(probe_dir, parent_dir)}
+
+
+def write(result: dict[str, Any], out: str) -> list[str]:
+  """probe.json, report.md and the figure (B_crit against the branch step) under `out`."""
+  import pandas as pd
+  from analysis import figures
+  os.makedirs(out, exist_ok=True)
+  paths = [os.path.join(out, "probe.json"), os.path.join(out, "report.md")]
+  with open(paths[0], "w") as f:
+    json.dump(result, f, indent=1, default=_json)
+  rows, lines = [], [f"# Critical-batch probe of {result['parent']}", "",
+                     f"Progress: `{result['metric']}`; the gain to reach at each point is "
+                     f"{result['gain']:g} x the least median gain of a batch over the budget; "
+                     "seeds per batch beside each B_crit.", "",
+                     "| step | B_crit (responses) | B_simple, prompt-level x G | B_simple, "
+                     "response-level | responses of the branches / the run's |",
+                     "| --- | --- | --- | --- | --- |"]
+  for step, p in result["points"].items():
+    c = result["cost"]["by_step"].get(step, {})
+    lines.append(f"| {step} | {p['text']} | {p['b_simple_prompts']:.3g} | "
+                 f"{p['b_simple_responses']:.3g} | {c.get('of_parent_responses', math.nan):.2f} |")
+    if p.get("identified"):
+      rows.append(dict(panel="", series="B_crit (probe)", x=step, y=p["b_crit"],
+                       lo=p["b_crit_lo"], hi=p["b_crit_hi"], style="line"))
+    elif p.get("bound"):
+      rows.append(dict(panel="", series=f"B_crit {p['bound'][0]} bound (not identified)", x=step,
+                       y=p["bound"][1], style="points"))
+    for unit in ("prompts", "responses"):
+      v = p[f"b_simple_{unit}"]
+      if math.isfinite(v):
+        rows.append(dict(panel="", series=f"B_simple ({unit})", x=step, y=v, style="dashed"))
+  with open(paths[1], "w") as f:
+    f.write("\n".join(lines) + "\n")
+  if rows:
+    data = pd.DataFrame(rows)
+    fig = figures.lines(data, "training step of the branch point", "critical batch (responses)",
+                        logy=True)
+    paths += figures.save(fig, data, out, "bcrit_vs_step")
+  return paths
+
+
+def _json(v):
+  if isinstance(v, (np.floating, np.integer)):
+    return v.item()
+  if isinstance(v, np.ndarray):
+    return v.tolist()
+  raise TypeError(type(v))
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("probe_dir", help="the probe's directory (step_<S>/ sweeps inside)")
+  ap.add_argument("--run", required=True, help="the run the probe branched")
+  ap.add_argument("--out", default=None, help="default: <probe_dir>/report")
+  ap.add_argument("--metric", default=METRIC)
+  ap.add_argument("--gain", type=float, default=0.5,
+                  help="fraction of the least median gain over batches to reach")
+  a = ap.parse_args(argv)
+  if not os.path.isdir(a.probe_dir):
+    print(f"error: {a.probe_dir} is not a directory", file=sys.stderr)
+    return 2
+  result = analyse(a.probe_dir, a.run, a.metric, a.gain)
+  if not result["points"]:
+    print(f"error: no finished branch under {a.probe_dir}", file=sys.stderr)
+    return 2
+  paths = write(result, a.out or os.path.join(a.probe_dir, "report"))
+  for step, p in result["points"].items():
+    print(f"step {step}: {p['text']}; B_simple at the run: prompt-level x G "
+          f"{p['b_simple_prompts']:.3g}, response-level {p['b_simple_responses']:.3g}")
+  print("wrote " + ", ".join(paths))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,193 @@
+"""A critical-batch probe: short branches of a run at several batches (launch/cbs_probe.py).
+
+From the checkpoint of step S of a run (`init.branch_from`, `init.branch_step`), one branch per
+batch B (P = B / G prompts of the run's G responses) and seed, each a sweep point of
+`configs/branch.py:RUN_DIR` (the run's own config) in `<probe dir>/step_<S>/`: resumable,
+listed in that directory's sweep.json, run by the local, Slurm or XManager launcher. Every
+branch generates the same `responses`, with the learning rate its batch gets from the rule
+under test (`optim.lr_scaling`, anchored at the run's batch and rate unless told another
+anchor: the run's own B keeps the run's rate), and scores the held-out set's reference responses (eval.reference) at `evals` marks:
+analysis/probe.py reads the critical batch from them.
+
+Sizes the branches need are derived, not asked for: the micro-batch ('auto', the batch plan's),
+checkpoints about four times a branch (a killed branch resumes), the evaluation spacing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+
+from rlscale.config.errors import ConfigError
+
+SWEEP = "cbs_probe"
+RULES = ("none", "sqrt", "linear")
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+  run_dir: str  # the run to branch (its config.json and checkpoints/)
+  steps: tuple[int, ...]  # branch points: steps whose checkpoints the run kept
+  batches: tuple[int, ...]  # B, responses per optimizer step, each a multiple of G
+  seeds: tuple[int, ...] = (0, 1, 2)
+  responses: int = 0  # per branch; 0: 4 steps of the largest batch
+  evals: int = 16  # evaluations per branch (and one at the branch point)
+  lr_scaling: str = "sqrt"  # the rule under test: none | sqrt | linear
+  # The rule's anchor: `lr` at `reference_batch` responses per optimizer step; 0: the run's
+  # own B and effective rate (the run's batch then trains at the run's rate).
+  lr: float = 0.0
+  reference_batch: int = 0
+  probe_dir: str = ""  # default <run_dir>/probe
+
+  @property
+  def dir(self) -> str:
+    return self.probe_dir or os.path.join(self.run_dir, "probe")
+
+  @property
+  def config(self) -> str:
+    return "configs/branch.py:" + os.path.abspath(self.run_dir)
+
+  def step_dir(self, step: int) -> str:
+    return os.path.join(self.dir, f"step_{step}")
+
+
+def parent_config(run_dir: str) -> dict:
+  path = os.path.join(run_dir, "config.json")
+  if not os.path.isfile(path):
+    raise ConfigError(f"{run_dir} is not a run directory: it has no config.json")
+  with open(path) as f:
+    return json.load(f)
+
+
+def kept_steps(run_dir: str) -> list[int]:
+  folder = os.path.join(run_dir, "checkpoints")
+  return sorted(int(s) for s in os.listdir(folder) if s.isdigit()) if os.path.isdir(folder) else []
+
+
+def check(p: Probe) -> dict:
+  """The parent's config, once everything the probe asks for is possible; a ConfigError
+  naming each problem otherwise."""
+  cfg = parent_config(p.run_dir)
+  errors = []
+  if cfg.get("kind") == "sft" or "rl" not in cfg:
+    raise ConfigError(f"{p.run_dir} is an SFT run: the probe branches RL runs")
+  g = cfg["rl"]["group_size"]
+  kept = kept_steps(p.run_dir)
+  missing = [s for s in p.steps if s not in kept]
+  if not p.steps:
+    errors.append("--at: give at least one step to branch from")
+  if missing:
+    errors.append(f"--at={','.join(map(str, missing))}: {p.run_dir} kept the checkpoints of "
+                  f"steps {kept or 'none'}; run it with train.keep_period dividing the steps "
+                  "to probe")
+  if len(set(p.batches)) < 3:
+    errors.append(f"--batches={','.join(map(str, p.batches))}: give 3 or more batches (the fit "
+                  "E = E_min (1 + B/B_crit) has two parameters)")
+  bad = [b for b in p.batches if b <= 0 or b % g]
+  if bad:
+    errors.append(f"--batches: {', '.join(map(str, bad))} not a positive multiple of the run's "
+                  f"G = {g} responses per prompt")
+  if len(set(p.seeds)) < 3:
+    errors.append(f"--seeds={len(set(p.seeds))}: 3 or more (fewer give no interval)")
+  if p.responses and p.batches and p.responses < 2 * max(p.batches):
+    errors.append(f"--responses={p.responses}: at least 2 steps of the largest batch "
+                  f"({2 * max(p.batches)})")
+  if p.evals < 2:
+    errors.append(f"--evals={p.evals}: 2 or more evaluations per branch")
+  if p.lr < 0 or p.reference_batch < 0 or (p.lr > 0) != (p.reference_batch > 0):
+    errors.append(f"--lr={p.lr:g} --reference_batch={p.reference_batch}: give both (the rule's "
+                  "anchor) or neither (the run's own)")
+  if p.lr_scaling not in RULES:
+    errors.append(f"--lr_scaling={p.lr_scaling!r}: one of {', '.join(RULES)}")
+  if errors:
+    raise ConfigError("; ".join(errors))
+  return cfg
+
+
+def budget(p: Probe) -> int:
+  """Responses per branch: --responses (else 4 steps of the largest batch), rounded up to whole
+  steps of every batch (a run's length is whole steps)."""
+  unit = math.lcm(*p.batches)
+  return -(-(p.responses or 4 * max(p.batches)) // unit) * unit
+
+
+def overrides(p: Probe, cfg: dict, step: int) -> list[dict]:
+  """The branch points of one step: every batch x seed."""
+  g = cfg["rl"]["group_size"]
+  parent_b = cfg["rl"]["num_prompts"] * g // cfg["rl"].get("num_minibatches", 1)
+  n = budget(p)
+  every = max(1, n // p.evals)
+  optim = cfg["optim"]
+  # The rule under test, anchored at the run's own batch and effective rate: reference_batch
+  # is the run's B, lr the rate it trained with there.
+  from rlscale.rl import optim as optim_lib
+  scaled = optim_lib.scale(optim, parent_b)
+  lr, ref = (p.lr, p.reference_batch) if p.lr else (scaled.lr, parent_b)
+  adam = {"optim.b1": scaled.b1, "optim.b2": scaled.b2, "optim.eps": scaled.eps,
+          "optim.adam_scaling": False} if optim.get("adam_scaling") else {}
+  # One saving interval for all (the point names hold what varies: batch and seed): about four
+  # saves in a branch of the batches' geometric middle.
+  middle = math.sqrt(min(p.batches) * max(p.batches))
+  save_every = max(1, round(n / middle / 4))
+  out = []
+  for b in sorted(set(p.batches)):
+    for seed in p.seeds:
+      out.append({
+          "init.branch_from": os.path.abspath(p.run_dir), "init.branch_step": step,
+          "rl.num_prompts": b // g, "rl.num_minibatches": 1, "rl.microbatch": "auto",
+          "seed": seed, "optim.lr": lr, "optim.lr_scaling": p.lr_scaling, **adam,
+          "optim.reference_batch": ref,
+          "train.total_responses": n,
+          "train.eval_every": 0, "train.eval_every_responses": every,
+          "train.checkpoint_every": save_every, "train.keep_period": 0,
+          "eval.reference": True, "eval.greedy": False, "eval.sampled": False,
+          "target.metric": "eval/reference_prob", "target.value": 1.0, "target.stop": False,
+          "noise.enabled": False,
+      })
+  return out
+
+
+def points(p: Probe, cfg: dict, step: int):
+  from rlscale.sweep import points as points_lib
+  return points_lib.build(p.config, f"{SWEEP}_at_{step}", overrides(p, cfg, step),
+                          p.step_dir(step))
+
+
+def launcher(kind: str, config: str, m, pts, parallel: int, command: list[str] | None):
+  if kind == "local":
+    from rlscale.sweep.local import LocalLauncher
+    return LocalLauncher(config, m, pts, parallel=parallel, command=command)
+  from rlscale.sweep import slurm, xm
+  if kind == "slurm":
+    return slurm.SlurmLauncher(config, m, pts, parallel=parallel, command=command)
+  return xm.XMLauncher(config, m, pts, parallel=parallel, command=command)
+
+
+def run(p: Probe, kind: str = "local", parallel: int = 1, command: list[str] | None = None,
+        dry_run: bool = False) -> tuple[int, list[str]]:
+  """Run (or, dry, list) every step's branches. Returns (exit status as launch/sweep.py's,
+  lines to print)."""
+  from rlscale.sweep import manifest as mf
+  from rlscale.trainer.preemption import EXIT_REQUEUE
+  cfg = check(p)
+  n = budget(p)
+  lines, status = [f"{n} responses per branch"
+                   + (f" (--responses={p.responses} rounded up to whole steps of every batch)"
+                      if p.responses and n != p.responses else "")], 0
+  for step in p.steps:
+    pts = points(p, cfg, step)
+    m = mf.open_sweep(p.step_dir(step), f"{SWEEP}_at_{step}", p.config, kind, pts)
+    runner = launcher(kind, p.config, m, pts, parallel, command)
+    if dry_run:
+      lines.append(runner.dry_run())
+      continue
+    m.save()
+    counts = runner.run()
+    lines.append(f"step {step}: {counts}")
+    if counts[mf.FAILED]:
+      status = 1
+    if counts[mf.PREEMPTED] or (kind != "slurm" and counts[mf.PENDING]):
+      return EXIT_REQUEUE, lines  # stopped: the later steps wait for the next launch
+  return status, lines

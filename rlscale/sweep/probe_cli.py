@@ -1,0 +1,97 @@
+"""`launch/cbs_probe.py`: branch a run at some of its steps (rlscale/sweep/probe.py), then
+write the probe's report (analysis/probe.py) in `<probe dir>/report/`.
+
+    python launch/cbs_probe.py RUN_DIR --at=10,20,30 --batches=8,16,32,64 --seeds=3
+    python launch/cbs_probe.py RUN_DIR ... --lr=1e-4 --reference_batch=16   # another anchor
+
+Run the same command again to continue: done branches are skipped, killed ones resume from
+their checkpoints. Exit status as launch/sweep.py's: 0 done, 1 a branch failed, 75 stopped,
+2 bad input.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+
+from absl import flags, logging
+
+from rlscale.config.errors import ConfigError
+from rlscale.run import command_line
+from rlscale.trainer.preemption import EXIT_REQUEUE
+
+_FLAGS: dict = {}
+
+
+def define_flags() -> None:
+  if _FLAGS:
+    return
+  _FLAGS.update(
+      at=flags.DEFINE_list("at", None, "steps to branch from (the run kept their checkpoints: "
+                           "train.keep_period)"),
+      batches=flags.DEFINE_list("batches", None, "B of the branches, responses per optimizer "
+                                "step (multiples of the run's G); 3 or more"),
+      seeds=flags.DEFINE_integer("seeds", 3, "seeds per batch (0 ... n-1)"),
+      responses=flags.DEFINE_integer("responses", 0, "responses each branch generates (0: 4 "
+                                     "steps of the largest batch)"),
+      evals=flags.DEFINE_integer("evals", 16, "evaluations of the reference responses per "
+                                 "branch"),
+      lr_scaling=flags.DEFINE_enum("lr_scaling", "sqrt", ["none", "sqrt", "linear"],
+                                   "the learning-rate rule under test, from the run's B and lr"),
+      lr=flags.DEFINE_float("lr", 0.0, "the rule's anchor: this rate at --reference_batch "
+                            "(0: the run's rate at its own batch)"),
+      reference_batch=flags.DEFINE_integer("reference_batch", 0, "the rule's anchor batch, in "
+                                           "responses per optimizer step (0: the run's)"),
+      gain=flags.DEFINE_float("gain", 0.5, "the report's gain to reach: this fraction of the "
+                              "least median gain over the batches"),
+      workdir=flags.DEFINE_string("workdir", None, "the probe's directory (default: "
+                                  "RUN_DIR/probe)"),
+      launcher=flags.DEFINE_enum("launcher", "local", ["local", "slurm", "xm"],
+                                 "where the branches run"),
+      parallel=flags.DEFINE_integer("parallel", 1, "branches at once (slurm: 0, no limit)"),
+      dry_run=flags.DEFINE_bool("dry_run", False, "print the branches' commands; run nothing"),
+      report=flags.DEFINE_bool("report", True, "write the report at the end"),
+      run_command=flags.DEFINE_string("run_command", None, "what runs one branch, before its "
+                                      "flags (default: this Python's `-m rlscale`)"),
+      verbose=flags.DEFINE_bool("verbose", False, "on bad input, show the traceback too"))
+
+
+def _ints(name: str, values) -> tuple[int, ...]:
+  try:
+    return tuple(int(v) for v in values or ())
+  except ValueError:
+    raise ConfigError(f"--{name}={','.join(values)}: integers, comma-separated") from None
+
+
+def run(argv) -> int:
+  from rlscale.sweep import probe
+  if len(argv) != 2:
+    raise ConfigError("give one run directory: python launch/cbs_probe.py RUN_DIR --at=... "
+                      "--batches=...")
+  v = {k: holder.value for k, holder in _FLAGS.items()}
+  p = probe.Probe(run_dir=argv[1], steps=_ints("at", v["at"]),
+                  batches=_ints("batches", v["batches"]), seeds=tuple(range(v["seeds"])),
+                  responses=v["responses"], evals=v["evals"], lr_scaling=v["lr_scaling"],
+                  lr=v["lr"], reference_batch=v["reference_batch"],
+                  probe_dir=v["workdir"] or "")
+  command = shlex.split(v["run_command"]) if v["run_command"] else None
+  rc, lines = probe.run(p, v["launcher"], v["parallel"], command, v["dry_run"])
+  for line in lines:
+    print(line)
+  if v["dry_run"] or rc == EXIT_REQUEUE or not v["report"]:
+    return rc
+  report = subprocess.run([sys.executable, "-m", "analysis.probe", p.dir, f"--run={p.run_dir}",
+                           f"--gain={v['gain']}", f"--out={os.path.join(p.dir, 'report')}"])
+  logging.info("report: %s (exit %d)", os.path.join(p.dir, "report"), report.returncode)
+  return rc or (1 if report.returncode else 0)
+
+
+def main() -> None:
+  define_flags()
+  command_line.run_app(run)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,72 @@
+"""The probe's estimator on synthetic branches with a known critical batch (analysis/probe.py)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from analysis import probe
+
+BATCHES = (8, 16, 32, 64, 128)
+
+
+def branches(b_crit, seeds=5, budget=1024, evals=8, noise=0.1, seed=0, m0=0.2, a=0.6,
+             batches=BATCHES, starts=None):
+  """Curves of branches whose progress follows E = E_min (1 + B / B_crit): the metric rises as
+  m0 + a (1 - exp(-n_eff / tau)) in n_eff = responses / (1 + B / B_crit), times a per-seed rate
+  factor (training noise); evaluated as a branch is, at the first step end (a multiple of B)
+  after each of `evals` marks of the budget, and at the branch point."""
+  rng = np.random.default_rng(seed)
+  tau = budget / (1 + min(batches) / b_crit) / 1.5
+  out = {}
+  for b in batches:
+    marks = sorted({math.ceil(budget * k / evals / b) * b for k in range(1, evals + 1)})
+    for s in range(seeds):
+      f = math.exp(noise * rng.standard_normal())
+      start = m0 if starts is None else starts[s % len(starts)]
+      xs = [0] + [x for x in marks if x <= budget + b]
+      ys = [start + a * (1 - math.exp(-x * f / (1 + b / b_crit) / tau)) for x in xs]
+      out.setdefault(b, []).append(list(zip(xs, ys)))
+  return out
+
+
+@pytest.mark.parametrize("b_crit", [24.0, 48.0, 96.0])
+@pytest.mark.parametrize("draw", range(3))
+def test_recovers_a_known_critical_batch_within_25_percent(b_crit, draw):
+  est = probe.estimate(branches(b_crit, seed=draw), reps=300)
+  assert est["identified"], est["reasons"]
+  assert est["b_crit"] == pytest.approx(b_crit, rel=0.25)
+  assert est["b_crit_lo"] <= est["b_crit"] <= est["b_crit_hi"]
+  assert est["n"] == [5] * len(BATCHES)
+  assert "seeds per batch 5/5/5/5/5" in probe.text(est)
+
+
+def test_a_critical_batch_far_beyond_the_batches_is_a_lower_bound():
+  est = probe.estimate(branches(5000.0), reps=300)
+  assert not est["identified"]
+  assert est["bound"][0] == "lower" and est["bound"][1] > 128
+  assert probe.text(est).startswith("not identified")
+
+
+def test_two_seeds_are_not_enough():
+  est = probe.estimate(branches(48.0, seeds=2), reps=100)
+  assert not est["identified"] and any("fewer than 3 seeds" in r for r in est["reasons"])
+
+
+def test_branches_from_different_checkpoints_are_refused():
+  est = probe.estimate(branches(48.0, starts=[0.2, 0.25]), reps=100)
+  assert not est["identified"] and any("did not all start" in r for r in est["reasons"])
+
+
+def test_no_progress_is_not_a_critical_batch():
+  est = probe.estimate(branches(48.0, a=0.0), reps=100)
+  assert not est["identified"] and "made no progress" in est["reasons"][0]
+
+
+def test_the_gain_to_reach_is_half_the_least_median_gain():
+  curves = {8: [[(0, 0.1), (8, 0.3)], [(0, 0.1), (8, 0.5)], [(0, 0.1), (8, 0.7)]],
+            16: [[(0, 0.1), (16, 0.2)]]}
+  m0, target = probe.gain_target(curves, 0.5)
+  assert (m0, target) == (pytest.approx(0.1), pytest.approx(0.1 + 0.5 * 0.1))
+  with pytest.raises(ValueError, match="gain"):
+    probe.gain_target(curves, 0.0)

@@ -1,0 +1,105 @@
+"""The critical-batch probe's branches (rlscale/sweep/probe.py): what it refuses and what each
+branch is told."""
+
+import json
+import math
+import os
+
+import pytest
+
+from rlscale.config.errors import ConfigError
+from rlscale.sweep import probe
+from tests.support import REPO
+
+
+def _run_dir(tmp_path, kept=(4, 8), kind="grpo", p=32, g=8, lr=1e-4, scaling="none"):
+  run = tmp_path / "run"
+  for s in kept:
+    (run / "checkpoints" / str(s)).mkdir(parents=True)
+  cfg = {"kind": kind, "optim": {"lr": lr, "lr_scaling": scaling, "reference_batch": 256,
+                                 "b1": 0.9, "b2": 0.99, "eps": 1e-8, "adam_scaling": False}}
+  if kind != "sft":
+    cfg["rl"] = {"num_prompts": p, "group_size": g, "num_minibatches": 1}
+  (run / "config.json").write_text(json.dumps(cfg))
+  return str(run)
+
+
+def _probe(run, **kw):
+  kw = {"steps": (4,), "batches": (8, 16, 32, 64), **kw}
+  return probe.Probe(run_dir=run, **kw)
+
+
+@pytest.mark.parametrize("kw, expect", [
+    (dict(steps=(5,)), "--at=5: "),
+    (dict(steps=()), "--at: give at least one step"),
+    (dict(batches=(8, 16)), "give 3 or more batches"),
+    (dict(batches=(8, 12, 16)), "--batches: 12 not a positive multiple of the run's G = 8"),
+    (dict(seeds=(0, 1)), "--seeds=2: 3 or more"),
+    (dict(responses=100), "--responses=100: at least 2 steps of the largest batch (128)"),
+    (dict(evals=1), "--evals=1"),
+    (dict(lr=1e-4), "give both"),
+    (dict(lr_scaling="cubic"), "--lr_scaling='cubic'"),
+])
+def test_refuses_what_cannot_be_probed(tmp_path, kw, expect):
+  with pytest.raises(ConfigError, match=None) as e:
+    probe.check(_probe(_run_dir(tmp_path), **kw))
+  assert expect in str(e.value)
+
+
+def test_names_the_steps_the_run_kept(tmp_path):
+  with pytest.raises(ConfigError) as e:
+    probe.check(_probe(_run_dir(tmp_path, kept=(4, 8)), steps=(4, 6)))
+  assert "kept the checkpoints of steps [4, 8]" in str(e.value) and "keep_period" in str(e.value)
+
+
+def test_refuses_an_sft_run_and_a_folder_without_a_config(tmp_path):
+  with pytest.raises(ConfigError, match="SFT run"):
+    probe.check(_probe(_run_dir(tmp_path, kind="sft")))
+  with pytest.raises(ConfigError, match="no config.json"):
+    probe.check(_probe(str(tmp_path / "nothing")))
+
+
+def test_each_branch_gets_its_batch_the_rules_rate_and_the_same_budget(tmp_path):
+  run = _run_dir(tmp_path)  # B = 256 at lr 1e-4 (no scaling in the run)
+  p = _probe(run, seeds=(0, 1, 2))
+  cfg = probe.check(p)
+  pts = probe.overrides(p, cfg, 4)
+  assert len(pts) == 4 * 3
+  assert {(o["rl.num_prompts"], o["seed"]) for o in pts} == {
+      (b // 8, s) for b in (8, 16, 32, 64) for s in (0, 1, 2)}
+  for o in pts:  # sqrt rule anchored at the run: B = 256 would keep 1e-4
+    assert o["optim.lr"] == 1e-4 and o["optim.reference_batch"] == 256
+    assert o["optim.lr_scaling"] == "sqrt"
+    assert o["train.total_responses"] == 256  # 4 steps of the largest batch
+    assert o["train.eval_every_responses"] == 16  # 16 evaluations
+    assert o["init.branch_step"] == 4 and o["init.branch_from"] == os.path.abspath(run)
+    assert o["eval.reference"] is True and o["rl.microbatch"] == "auto"
+  # One saving interval: about four saves in a branch of the batches' geometric middle (22.6).
+  assert {o["train.checkpoint_every"] for o in pts} == {round(256 / math.sqrt(8 * 64) / 4)}
+  other = probe.overrides(_probe(run, lr=2e-4, reference_batch=16), cfg, 4)
+  assert {(o["optim.lr"], o["optim.reference_batch"]) for o in other} == {(2e-4, 16)}
+
+
+def test_the_branches_are_points_of_the_runs_own_config(tmp_path, tiny_sft_base):
+  """configs/branch.py reads a real run's config.json back (a tiny chain-sum GRPO config)."""
+  from rlscale.config import files as config_files
+  from rlscale.resolve import experiment
+  cfg = config_files.load(os.path.join(REPO, "configs", "grpo_chain_sum.py") + ":tiny")
+  run = tmp_path / "run"
+  (run / "checkpoints" / "2").mkdir(parents=True)
+  experiment.prepare_workdir(str(run), cfg)
+  p = probe.Probe(run_dir=str(run), steps=(2,), batches=(4, 8, 16), seeds=(0, 1, 2))
+  pts = probe.points(p, probe.check(p), 2)
+  assert [pt.name for pt in pts[:3]] == ["num_prompts=1,seed=0", "num_prompts=1,seed=1",
+                                        "num_prompts=1,seed=2"]
+  assert all(pt.run_dir.startswith(str(run / "probe" / "step_2")) for pt in pts)
+  loaded = config_files.load(p.config)
+  assert loaded.rl.group_size == cfg.rl.group_size and loaded.model.d_model == 64
+  loaded.rl.microbatch = "auto"  # an 'auto'-or-integer field written as an integer takes 'auto'
+
+
+def test_the_budget_is_whole_steps_of_every_batch(tmp_path):
+  run = _run_dir(tmp_path)
+  assert probe.budget(_probe(run, responses=160)) == 192  # 3 steps of 64
+  assert probe.budget(_probe(run)) == 256  # default: 4 steps of the largest
+  assert probe.budget(_probe(run, batches=(8, 24, 40), responses=200)) == 240  # lcm 120
