@@ -140,7 +140,7 @@ def critical_batch(points_by_batch: dict, reps: int = 1000, level: float = 0.95,
     for k in ("b_crit", "e_min", "s_min"):
       lo, hi = np.quantile(many[k], [alpha, 1 - alpha])
       out[f"{k}_lo"], out[f"{k}_hi"] = float(lo), float(hi)
-    out["b_crit_draws"] = many["b_crit"]
+    out["b_crit_draws"], out["e_min_draws"] = many["b_crit"], many["e_min"]
   out["reps"], out["failed_reps"] = reps, int((~ok).sum())
   # Diagnostics.
   spread = _log_median_se(seeds)

@@ -1,0 +1,366 @@
+"""Which P x G, learning rate and layout reach the target soonest on N chips.
+
+    python analysis/advise.py STUDY_DIR --run=RUN_DIR --chips=1,8,64,512 --accelerator=h200 \\
+        [--model=NAME|HF_FOLDER|config.json] [--kind=grpo] [--out=DIR]
+    python analysis/advise.py RUN_DIR/probe --run=RUN_DIR ...     # from a critical-batch probe
+
+It combines two things measured on the user's own runs:
+
+(a) Responses to target E(B), B = P x G responses per optimizer step (G: the study's), from
+    - a study (its directory, or its report directory with runs.csv and study.json): at every B
+      the study ran, the median over seeds of its best-lr configuration (the report's choice:
+      the rate a study stage chose for that P, else the fewest median responses) with the
+      median's interval; beyond the batches run, E = E_min (1 + B/B_crit) from the study's fit
+      (analysis.fits.critical_batch) with its bootstrap interval, or, where the fit gives only a
+      lower bound b on B_crit, E(B) <= E(B_max) (1 + B/b) / (1 + B_max/b): the pessimistic end
+      is used and the row says so;
+    - a probe (launch/cbs_probe.py): the run's own E at its batch, carried to other batches by
+      E(B) = E_run (1 + B/B_crit) / (1 + B_run/B_crit) with the B_crit measured at the probe
+      point nearest the run's crossing (its interval from the probe's bootstrap).
+(b) Seconds per RL step at P x G, chips and layout (colocated, or the best sampler:trainer
+    split) from the throughput model (analysis/throughput), calibrated on RUN_DIR and
+    transferred to --accelerator (scale.py's calibration; "uncalibrated" when the accelerator
+    is not the one RUN_DIR ran on).
+
+Time to target = E(B) / B x seconds per step. For each chip count the table gives the candidate
+with the least predicted time, its interval (from E's; the step-time model adds its own error,
+not in the interval), the seeds behind it, and the runner-up. A figure draws the best time
+against chips, one line per layout, with linear speedup from the first chip count.
+
+It refuses, in one line, when the inputs cannot support a recommendation: no batch whose
+median reached the target, fewer than two batches, a probe without an identified (or bounded)
+B_crit near the run's crossing, a run that never reached its target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import os
+import sys
+import types
+
+import numpy as np
+import pandas as pd
+
+from analysis import fits, stats
+
+GRID = 2  # candidate batches beyond the largest measured: x2, x4, ... up to x2**EXTEND
+EXTEND = 6
+
+
+class Refusal(ValueError):
+  """The inputs cannot support a recommendation (one line)."""
+
+
+@dataclasses.dataclass
+class Estimate:
+  """E at one B: the point, its interval and where it comes from."""
+  b: int
+  e: float
+  lo: float
+  hi: float
+  seeds: int
+  how: str  # "measured" | "fit" | "bound (pessimistic)" | "probe"
+  lr: str  # the learning rate the row stands for
+
+  @property
+  def extrapolated(self) -> bool:
+    return self.how != "measured"
+
+
+# --- (a) responses to target -------------------------------------------------------------------
+
+def study_runs(path: str) -> tuple[pd.DataFrame, dict]:
+  """A study's per-run table (report/runs.csv, or read from its run directories) and its
+  study.json."""
+  record = {}
+  for where in (path, os.path.dirname(os.path.normpath(path))):
+    p = os.path.join(where, "study.json")
+    if os.path.exists(p):
+      with open(p) as f:
+        record = json.load(f)
+      break
+  csv = os.path.join(path, "runs.csv")
+  if os.path.exists(csv):
+    return pd.read_csv(csv), record
+  from analysis import study_table
+  study = study_table.read_study([path], study_table.Options(), stream=open(os.devnull, "w"))
+  return study.runs, record
+
+
+def best_lr_points(runs: pd.DataFrame, record: dict, kind: str = ""
+                   ) -> tuple[dict[int, np.ndarray], dict[int, float], int]:
+  """{B: seeds' responses to target}, {B: lr} of the best-lr configuration per B of `kind`'s
+  verdict runs at its main G, and that G. The rate a study stage chose for a P wins (study.json);
+  else the configuration with the fewest median responses."""
+  d = runs[(runs.get("role", "verdict") == "verdict") & (runs.get("status", "done") == "done")]
+  if d.empty:
+    raise Refusal("the study has no finished verdict runs")
+  kind = kind or ("grpo" if "grpo" in set(d.kind) else sorted(set(d.kind))[0])
+  d = d[d.kind == kind]
+  if d.empty:
+    raise Refusal(f"the study has no {kind!r} runs; it has {', '.join(sorted(set(runs.kind)))}")
+  g = int(d.G.mode().iloc[0])
+  d = d[(d.G == g) & (d.num_minibatches == d.num_minibatches.mode().iloc[0])]
+  chosen = {}
+  for c in record.get("chosen", {}).values():
+    stage = runs[runs.stage == c.get("stage")]
+    if c.get("per") == ["p"] and set(stage.kind) == {kind} and set(stage.lr_rule) == {"none"}:
+      chosen.update({int(k.split("=")[1]): float(v) for k, v in c.get("values", {}).items()})
+  points, lrs = {}, {}
+  for b, at_b in d.groupby("B"):
+    p = int(at_b.P.iloc[0])
+    pick = at_b[np.isclose(at_b.lr, chosen[p], rtol=1e-3)] if p in chosen else at_b.iloc[:0]
+    if pick.empty:
+      med = at_b.groupby("config").responses_to_target.median()
+      pick = at_b[at_b.config == med.idxmin()]
+    points[int(b)] = pick.responses_to_target.astype(float).replace(np.nan, np.inf).to_numpy()
+    lrs[int(b)] = float(pick.lr.iloc[0])
+  return points, lrs, g
+
+
+def from_study(points: dict[int, np.ndarray], lrs: dict[int, float], extend: int = EXTEND,
+               reps: int = 1000, seed: int = 0) -> tuple[list[Estimate], dict]:
+  """E at every measured B and at B_max x 2, 4, ... (fit or bound), and the fit."""
+  reached = {b: v for b, v in points.items() if np.isfinite(np.median(v))}
+  if len(reached) < 2:
+    raise Refusal(f"{len(reached)} batch(es) whose median reached the target: E(B) needs 2 or "
+                  "more (run longer, or lower the target)")
+  out = []
+  for b in sorted(reached):
+    iv = stats.median_interval(reached[b])
+    out.append(Estimate(b, iv.point, iv.lo, iv.hi, iv.n, "measured", f"{lrs[b]:.3g}"))
+  fit = (fits.critical_batch(reached, reps=reps, seed=seed) if len(reached) >= 3 else
+         {"identified": False, "reasons": ["2 batches"]})
+  top = max(reached)
+  top_e = next(e for e in out if e.b == top)
+  lr_top = lrs[top]
+  for k in range(1, extend + 1):
+    b = top * GRID ** k
+    lr = f"{lr_top * math.sqrt(b / top):.3g} (sqrt rule from B={top}, not run)"
+    if fit.get("identified"):
+      draws = fit["e_min_draws"] * (1 + b / fit["b_crit_draws"])
+      lo, hi = np.quantile(draws, [0.025, 0.975])
+      out.append(Estimate(b, fit["e_min"] * (1 + b / fit["b_crit"]), float(lo), float(hi),
+                          min(fit["n"]), "fit", lr))
+    elif fit.get("bound", ("", 0))[0] == "lower":
+      bc = fit["bound"][1]
+      worst = top_e.e * (1 + b / bc) / (1 + top / bc)
+      out.append(Estimate(b, worst, top_e.lo, top_e.hi * (1 + b / bc) / (1 + top / bc),
+                          top_e.seeds, "bound (pessimistic)", lr))
+  return out, fit
+
+
+def from_probe(run_e: float, run_b: int, run_lr: float, b_crit: float, lo: float, hi: float,
+               seeds: int, batches: list[int]) -> list[Estimate]:
+  """E(B) = E_run (1 + B/B_crit) / (1 + B_run/B_crit) at each B, interval over B_crit's."""
+  def e(b, bc):
+    return run_e * (1 + b / bc) / (1 + run_b / bc)
+  out = []
+  for b in sorted(set(batches)):
+    ends = sorted([e(b, lo), e(b, hi)])
+    lr = (f"{run_lr:.3g}" if b == run_b else
+          f"{run_lr * math.sqrt(b / run_b):.3g} (sqrt rule from the run's, not run)")
+    out.append(Estimate(b, e(b, b_crit), ends[0], ends[1], seeds,
+                        "measured" if b == run_b else "probe", lr))
+  return out
+
+
+def probe_estimates(probe_dir: str, run_dir: str, g: int) -> tuple[list[Estimate], str]:
+  """The probe's B_crit at the point nearest the run's crossing, applied to the run's E."""
+  from analysis import probe, runs as runs_lib
+  run = runs_lib.load(run_dir)
+  e_run = run.summary.get("responses_to_target")
+  if not isinstance(e_run, (int, float)):
+    raise Refusal(f"{run_dir} did not reach its target: no E to carry to other batches")
+  result = probe.analyse(probe_dir, run_dir)
+  if not result["points"]:
+    raise Refusal(f"no finished branch under {probe_dir}")
+  at = e_run / run.plan.responses
+  step = min(result["points"], key=lambda s: abs(s - at))
+  p = result["points"][step]
+  if not p.get("identified"):
+    raise Refusal(f"the probe at step {step} (nearest the run's crossing at step {at:.3g}): "
+                  f"{p['text']}")
+  lr = float(run.config["optim"]["lr"])
+  top = max(run.batch * GRID ** EXTEND, max(int(b) for b in p["batches"]))
+  batches = [int(b) for b in p["batches"]] + [run.batch]
+  b = g
+  while b <= top:
+    batches.append(b)
+    b *= GRID
+  est = from_probe(float(e_run), run.batch, lr, p["b_crit"], p["b_crit_lo"], p["b_crit_hi"],
+                   min(p["n"]), [x for x in batches if x % g == 0])
+  return est, f"probe at step {step}: {p['text']}"
+
+
+# --- (b) time per step and the choice ----------------------------------------------------------
+
+def throughput(run_dir: str, model: str, dtype: str, accelerator: str, run_accelerator: str):
+  """(seconds per step as f(responses, chips, layout), what it is calibrated on)."""
+  from analysis import scale
+  from analysis.throughput import calibration as tc, model as tm
+  run = tc.load_run(run_dir)
+  a = types.SimpleNamespace(model=model, dtype=dtype, max_new_tokens=0, prompt_len=0,
+                            response_len=0, prompts=0, group=0)
+  w, name = scale.target(a, run)
+  cal, racc, tacc = scale.calibrated([run], run_accelerator, accelerator)
+  tcal = tc.transfer(cal, racc, tacc, w)
+  note = (f"{name} on {tacc.name}, calibrated on {run_dir} ({racc.name})"
+          + ("" if racc.name == tacc.name else
+             f": uncalibrated on {tacc.name} (the run's {racc.name} efficiencies do not carry; "
+             "the model's defaults are used)"))
+
+  def step(responses: int, chips: int, layout: str) -> float:
+    return tm.predict(w.with_responses(responses), tacc, tcal, chips, layout).step
+  return step, note, w.optimizer_steps
+
+
+def usable(n: int) -> list[int]:
+  """Chip counts a run on n chips may use: n, and the powers of two below it (a small batch
+  on many chips can be slower than on a few: the rest stay idle, or run other jobs)."""
+  return sorted({n} | {2 ** k for k in range(n.bit_length()) if 2 ** k < n})
+
+
+def choose(estimates: list[Estimate], step, chips: list[int], layouts: list[str],
+           optimizer_steps: int = 1) -> pd.DataFrame:
+  """One row per chip count and candidate (B, layout, chips used), ranked by predicted time to
+  target: E(B) / B RL steps (one optimizer step of B per RL step, `optimizer_steps` per RL step
+  otherwise) x seconds per step."""
+  rows = []
+  for n in chips:
+    for est, layout, used in itertools.product(estimates, layouts, usable(n)):
+      if layout == "split" and used < 2:
+        continue
+      t = step(est.b * optimizer_steps, used, layout)
+      steps = est.e / est.b / optimizer_steps
+      rows.append(dict(chips=n, used=used, B=est.b, layout=layout, lr=est.lr, how=est.how,
+                       seeds=est.seeds, responses=est.e, step_s=t, steps=steps,
+                       time_s=steps * t, time_lo=est.lo / est.b / optimizer_steps * t,
+                       time_hi=est.hi / est.b / optimizer_steps * t))
+  df = pd.DataFrame(rows)
+  df["rank"] = df.groupby("chips").time_s.rank(method="first").astype(int)
+  return df.sort_values(["chips", "rank"]).reset_index(drop=True)
+
+
+def table(df: pd.DataFrame, g: int) -> pd.DataFrame:
+  """Per chip count: the best candidate and the runner-up (the best of another B or layout)."""
+  out = []
+  for n, d in df.groupby("chips"):
+    best = d.iloc[0]
+    others = d[(d.B != best.B) | (d.layout != best.layout)]
+    second = others.iloc[0] if len(others) else None
+    tie = second is not None and second.time_lo <= best.time_hi
+    out.append({
+        "chips": n, "P x G": f"{best.B // g} x {g}", "B": best.B, "lr": best.lr,
+        "layout": best.layout, "chips used": best.used, "time to target (s)": _iv(best),
+        "seeds": best.seeds, "E from": best.how,
+        "runner-up": "—" if second is None else
+        f"{second.B // g} x {g} {second.layout} on {second.used}, {_iv(second)}, E {second.how}"
+        + (" (overlaps)" if tie else ""),
+    })
+  return pd.DataFrame(out)
+
+
+def _iv(r) -> str:
+  return f"{r.time_s:.3g} [{r.time_lo:.3g}, {r.time_hi:.3g}]"
+
+
+def figure(df: pd.DataFrame, out: str, title: str) -> list[str]:
+  from analysis import figures
+  rows = []
+  for layout, d in df.groupby("layout"):
+    best = d.loc[d.groupby("chips").time_s.idxmin()]
+    for _, r in best.iterrows():
+      rows.append(dict(panel="", series=layout, x=r.chips, y=r.time_s, lo=r.time_lo,
+                       hi=r.time_hi, style="line"))
+  first = df[df.chips == df.chips.min()].time_s.min()
+  for n in sorted(df.chips.unique()):
+    rows.append(dict(panel="", series="linear speedup", x=n, y=first * df.chips.min() / n,
+                     style="ref"))
+  data = pd.DataFrame(rows)
+  fig = figures.lines(data, "chips", "predicted time to target (s)", logx=True, logy=True)
+  fig.suptitle(title, fontsize=8)
+  return figures.save(fig, data, out, "advice")
+
+
+def parse(argv=None) -> argparse.Namespace:
+  from analysis.scale import _chip_counts
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("dir", help="a study's directory or report directory, or a probe's")
+  ap.add_argument("--run", required=True, help="a finished run of the task to calibrate the "
+                  "step time on (and, for a probe, the run it branched)")
+  ap.add_argument("--chips", default="1,8,64,512", type=_chip_counts)
+  ap.add_argument("--accelerator", default="h200")
+  ap.add_argument("--run_accelerator", default="cpu", help="where --run ran")
+  ap.add_argument("--model", default="", help="the model to predict for (default: the run's)")
+  ap.add_argument("--dtype", default="")
+  ap.add_argument("--kind", default="", help="the study's algorithm (default: grpo if run)")
+  ap.add_argument("--layout", default="both", choices=["colocated", "split", "both"])
+  ap.add_argument("--out", default="", help="default: DIR/advice")
+  return ap.parse_args(argv)
+
+
+def advise(a: argparse.Namespace) -> tuple[pd.DataFrame, pd.DataFrame, list[str], int]:
+  """(ranked candidates, the table, notes, G)."""
+  if not os.path.isdir(a.dir):
+    raise Refusal(f"{a.dir}: not a directory")
+  is_probe = any(d.startswith("step_") for d in os.listdir(a.dir))
+  notes = []
+  if is_probe:
+    with open(os.path.join(a.run, "config.json")) as f:
+      g = int(json.load(f)["rl"]["group_size"])
+    estimates, what = probe_estimates(a.dir, a.run, g)
+    notes.append(f"E(B) from the {what}; the run's own E at its batch")
+  else:
+    runs, record = study_runs(a.dir)
+    points, lrs, g = best_lr_points(runs, record, a.kind)
+    estimates, fit = from_study(points, lrs)
+    t = record.get("target", {})
+    notes.append(f"E(B): the study's best-lr runs to {t.get('metric', 'its target')} = "
+                 f"{t.get('value', '?')} at B = {', '.join(map(str, sorted(points)))}; beyond "
+                 f"B = {max(points)}: " + (
+                     f"the fit's B_crit {fit['b_crit']:.3g} [{fit['b_crit_lo']:.3g}, "
+                     f"{fit['b_crit_hi']:.3g}]" if fit.get("identified") else
+                     f"B_crit not identified ({'; '.join(fit.get('reasons', []))})" +
+                     (f"; B_crit > {fit['bound'][1]:.3g}: E extrapolated pessimistically"
+                      if fit.get("bound", ("",))[0] == "lower" else ": not extrapolated")))
+  step, note, opt = throughput(a.run, a.model, a.dtype, a.accelerator, a.run_accelerator)
+  notes.append("step time: " + note)
+  if a.model:
+    notes.append(f"E(B) was measured on the run's model and is assumed to hold for {a.model}")
+  layouts = ["colocated", "split"] if a.layout == "both" else [a.layout]
+  df = choose(estimates, step, a.chips, layouts, opt)
+  return df, table(df, g), notes, g
+
+
+def main(argv=None) -> int:
+  a = parse(argv)
+  try:
+    with np.errstate(invalid="ignore"):  # quantiles over seeds that never reached (inf)
+      df, tab, notes, g = advise(a)
+  except (Refusal, ValueError) as e:
+    print(f"advise.py: cannot recommend: {e}", file=sys.stderr)
+    return 2
+  out = a.out or os.path.join(a.dir, "advice")
+  os.makedirs(out, exist_ok=True)
+  df.to_csv(os.path.join(out, "candidates.csv"), index=False)
+  text = "\n".join(["# Advice", "", *[f"- {n}" for n in notes], "",
+                    "Time to target: median [95% interval from E's seeds or fit]; the step-time "
+                    "model's own error is not in it. Extrapolated rows (E from fit, bound or "
+                    "probe) are predictions beyond the batches run.", "",
+                    tab.to_markdown(index=False), ""])
+  with open(os.path.join(out, "advice.md"), "w") as f:
+    f.write(text)
+  print(text)
+  title = f"best predicted time to target per layout ({a.accelerator})"
+  print("wrote " + ", ".join([os.path.join(out, "advice.md")] + figure(df, out, title)))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

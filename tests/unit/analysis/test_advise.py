@@ -1,0 +1,97 @@
+"""The advisor (analysis/advise.py) on fake studies with a known answer, and its refusals."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import advise
+
+G = 8
+
+
+def fake_runs(b_crit=64.0, e_min=1000.0, batches=(8, 16, 32, 64), seeds=5, noise=0.05,
+              lrs=(1e-4, 2e-4), seed=0, never=()):
+  """Verdict runs of a study whose responses to target follow E = E_min (1 + B / B_crit) at the
+  better of two rates (the other needs 30% more), with lognormal seed noise."""
+  rng = np.random.default_rng(seed)
+  rows = []
+  for b in batches:
+    for lr in lrs:
+      for s in range(seeds):
+        e = e_min * (1 + b / b_crit) * math.exp(noise * rng.standard_normal())
+        e *= 1.0 if lr == lrs[0] else 1.3
+        rows.append(dict(role="verdict", status="done", kind="grpo", G=G, P=b // G, B=b,
+                         num_minibatches=1, lr=lr, lr_rule="none", stage="grpo",
+                         config=f"P={b // G},lr={lr}", seed=s,
+                         responses_to_target=math.inf if b in never else e))
+  return pd.DataFrame(rows)
+
+
+def step_time(c0=16.0, c1=1.0):
+  """c0 fixed seconds per step plus c1 per response per chip: T(B) = E_min (1/B + 1/B_crit)
+  (c0 + c1 B / n) is least at B* = sqrt(c0 B_crit n / c1)."""
+  def step(responses, chips, layout):
+    return c0 + c1 * responses / chips + (0.5 if layout == "split" else 0.0)
+  return step
+
+
+def test_picks_the_batch_the_law_says_is_fastest_measured_and_extrapolated():
+  points, lrs, g = advise.best_lr_points(fake_runs(), {})
+  assert g == G and sorted(points) == [8, 16, 32, 64]
+  assert all(v == 1e-4 for v in lrs.values())  # the faster rate at every B
+  estimates, fit = advise.from_study(points, lrs)
+  assert fit["identified"] and fit["b_crit"] == pytest.approx(64, rel=0.25)
+  df = advise.choose(estimates, step_time(), [1, 64], ["colocated", "split"])
+  tab = advise.table(df, g).set_index("chips")
+  # B* = sqrt(16 x 64 x n): 32 at one chip (measured), 256 at 64 chips (beyond the batches run).
+  assert tab.loc[1, "B"] == 32 and tab.loc[1, "E from"] == "measured"
+  assert tab.loc[64, "B"] == 256 and tab.loc[64, "E from"] == "fit"
+  assert tab.loc[1, "layout"] == "colocated" and tab.loc[1, "seeds"] == 5
+  assert "not run" in tab.loc[64, "lr"]
+  best = df[df.chips == 1].iloc[0]
+  assert best.time_lo <= best.time_s <= best.time_hi
+
+
+def test_a_critical_batch_bounded_below_extrapolates_pessimistically():
+  points, lrs, _ = advise.best_lr_points(fake_runs(b_crit=1e5, noise=0.03), {})
+  estimates, fit = advise.from_study(points, lrs)
+  assert not fit["identified"] and fit["bound"][0] == "lower"
+  beyond = [e for e in estimates if e.b > 64]
+  assert beyond and all(e.how == "bound (pessimistic)" for e in beyond)
+  top = next(e for e in estimates if e.b == 64)
+  assert all(e.e >= top.e for e in beyond)  # never more optimistic than the largest measured B
+
+
+def test_the_study_choice_of_rate_wins_over_the_fewest_responses():
+  record = {"chosen": {"lr": {"stage": "grpo", "per": ["p"],
+                              "values": {f"p={b // G}": 2e-4 for b in (8, 16, 32, 64)}}}}
+  _, lrs, _ = advise.best_lr_points(fake_runs(), record)
+  assert set(lrs.values()) == {2e-4}
+
+
+def test_refuses_when_fewer_than_two_batches_reach_the_target():
+  points, lrs, _ = advise.best_lr_points(fake_runs(never=(16, 32, 64)), {})
+  with pytest.raises(advise.Refusal, match="1 batch"):
+    advise.from_study(points, lrs)
+
+
+def test_refuses_a_study_without_the_algorithm():
+  with pytest.raises(advise.Refusal, match="no 'ppo' runs"):
+    advise.best_lr_points(fake_runs(), {}, kind="ppo")
+
+
+def test_a_probe_carries_the_runs_own_responses_to_other_batches():
+  est = advise.from_probe(5120.0, 256, 1e-4, b_crit=64.0, lo=32.0, hi=128.0, seeds=3,
+                          batches=[64, 256, 1024])
+  by_b = {e.b: e for e in est}
+  assert by_b[256].e == 5120.0 and by_b[256].how == "measured"
+  assert by_b[64].e == pytest.approx(5120 * (1 + 1) / (1 + 4))
+  assert by_b[1024].how == "probe" and by_b[1024].lo < by_b[1024].e < by_b[1024].hi
+
+
+def test_the_command_refuses_in_one_line(tmp_path, capsys):
+  rc = advise.main([str(tmp_path / "nothing"), "--run", str(tmp_path)])
+  err = capsys.readouterr().err
+  assert rc == 2 and err.startswith("advise.py: cannot recommend:") and err.count("\n") == 1
