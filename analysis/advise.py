@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import fits, stats
+from rlscale.rl import optim
 
 GRID = 2  # candidate batches beyond the largest measured: x2, x4, ... up to x2**EXTEND
 EXTEND = 6
@@ -156,15 +157,19 @@ def from_study(points: dict[int, np.ndarray], lrs: dict[int, float], extend: int
 
 
 def from_probe(run_e: float, run_b: int, run_lr: float, b_crit: float, lo: float, hi: float,
-               seeds: int, batches: list[int]) -> list[Estimate]:
-  """E(B) = E_run (1 + B/B_crit) / (1 + B_run/B_crit) at each B, interval over B_crit's."""
+               seeds: int, batches: list[int], rate=None, rule: str = "",
+               probed: tuple[int, ...] = ()) -> list[Estimate]:
+  """E(B) = E_run (1 + B/B_crit) / (1 + B_run/B_crit) at each B, interval over B_crit's;
+  `rate(B)` the rate the probe's rule gives B (default: the run's, by the sqrt rule)."""
   def e(b, bc):
     return run_e * (1 + b / bc) / (1 + run_b / bc)
+  rate = rate or (lambda b: run_lr * math.sqrt(b / run_b))
+  rule = rule or "sqrt rule from the run's"
   out = []
   for b in sorted(set(batches)):
     ends = sorted([e(b, lo), e(b, hi)])
-    lr = (f"{run_lr:.3g}" if b == run_b else
-          f"{run_lr * math.sqrt(b / run_b):.3g} (sqrt rule from the run's, not run)")
+    ran = "run in the probe's branches" if b in probed else "not run"
+    lr = f"{run_lr:.3g}" if b == run_b else f"{rate(b):.3g} ({rule}, {ran})"
     out.append(Estimate(b, e(b, b_crit), ends[0], ends[1], seeds,
                         "measured" if b == run_b else "probe", lr))
   return out
@@ -186,16 +191,37 @@ def probe_estimates(probe_dir: str, run_dir: str, g: int) -> tuple[list[Estimate
   if not p.get("identified"):
     raise Refusal(f"the probe at step {step} (nearest the run's crossing at step {at:.3g}): "
                   f"{p['text']}")
-  lr = float(run.config["optim"]["lr"])
+  # The interval spans the seeds' and the gains' (analysis/probe.py SENSITIVITY): where B_crit
+  # moves with the gain it is read at, the seeds' interval alone understates what is known.
+  lo, hi = p["b_crit_lo"], p["b_crit_hi"]
+  for g_ in probe.SENSITIVITY:
+    other = probe.estimate(probe.load(probe_dir)[step], gain=g_)
+    if other.get("identified"):
+      lo, hi = min(lo, other["b_crit_lo"]), max(hi, other["b_crit_hi"])
+  lr = optim.scale(run.config["optim"], run.batch).lr
+  rate, rule = _probe_rule(probe_dir, step)
   top = max(run.batch * GRID ** EXTEND, max(int(b) for b in p["batches"]))
   batches = [int(b) for b in p["batches"]] + [run.batch]
   b = g
   while b <= top:
     batches.append(b)
     b *= GRID
-  est = from_probe(float(e_run), run.batch, lr, p["b_crit"], p["b_crit_lo"], p["b_crit_hi"],
-                   min(p["n"]), [x for x in batches if x % g == 0])
-  return est, f"probe at step {step}: {p['text']}"
+  est = from_probe(float(e_run), run.batch, lr, p["b_crit"], lo, hi, min(p["n"]),
+                   [x for x in batches if x % g == 0], rate, rule,
+                   tuple(int(b) for b in p["batches"]))
+  return est, (f"probe at step {step}: {p['text']}; the interval used spans gains "
+               f"{', '.join(map(str, probe.SENSITIVITY))} too: {lo:.3g}-{hi:.3g}")
+
+
+def _probe_rule(probe_dir: str, step: int):
+  """The rate the probe's rule gives a batch (read from one of its branches' config), and the
+  rule in words."""
+  from analysis import probe, runs as runs_lib
+  branch = runs_lib.load(next(d for d in probe.branch_dirs(probe_dir)
+                              if runs_lib.load(d).config["init"]["branch_step"] == step))
+  o = branch.config["optim"]
+  return (lambda b: optim.scale(o, b).lr,
+          f"the probe's {o['lr_scaling']} rule from {o['lr']:.3g} at B={o['reference_batch']}")
 
 
 # --- (b) time per step and the choice ----------------------------------------------------------

@@ -70,3 +70,9 @@ def test_the_gain_to_reach_is_half_the_least_median_gain():
   assert (m0, target) == (pytest.approx(0.1), pytest.approx(0.1 + 0.5 * 0.1))
   with pytest.raises(ValueError, match="gain"):
     probe.gain_target(curves, 0.0)
+
+
+def test_where_the_law_holds_the_gain_read_at_does_not_move_the_estimate():
+  curves = branches(48.0, seed=1)
+  at = {g: probe.estimate(curves, gain=g, reps=200)["b_crit"] for g in probe.SENSITIVITY}
+  assert all(v == pytest.approx(48.0, rel=0.25) for v in at.values()), at
