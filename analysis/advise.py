@@ -94,9 +94,10 @@ def study_runs(path: str) -> tuple[pd.DataFrame, dict]:
 
 
 def best_lr_points(runs: pd.DataFrame, record: dict, kind: str = ""
-                   ) -> tuple[dict[int, np.ndarray], dict[int, float], int]:
-  """{B: seeds' responses to target}, {B: lr} of the best-lr configuration per B of `kind`'s
-  verdict runs at its main G, and that G. The rate a study stage chose for a P wins (study.json);
+                   ) -> tuple[dict[int, np.ndarray], dict[int, str], int, int]:
+  """{B: seeds' responses to target}, {B: its lr and how it was chosen} of the best-lr
+  configuration per B of `kind`'s verdict runs at its main G and mini-batches per step, that G
+  and that number of mini-batches. The rate a study stage chose for a P wins (study.json);
   else the configuration with the fewest median responses."""
   d = runs[(runs.get("role", "verdict") == "verdict") & (runs.get("status", "done") == "done")]
   if d.empty:
@@ -116,15 +117,17 @@ def best_lr_points(runs: pd.DataFrame, record: dict, kind: str = ""
   for b, at_b in d.groupby("B"):
     p = int(at_b.P.iloc[0])
     pick = at_b[np.isclose(at_b.lr, chosen[p], rtol=1e-3)] if p in chosen else at_b.iloc[:0]
+    how = "the study's choice"
     if pick.empty:
       med = at_b.groupby("config").responses_to_target.median()
       pick = at_b[at_b.config == med.idxmin()]
+      how = "fewest median responses on these seeds: optimistic"
     points[int(b)] = pick.responses_to_target.astype(float).replace(np.nan, np.inf).to_numpy()
-    lrs[int(b)] = float(pick.lr.iloc[0])
-  return points, lrs, g
+    lrs[int(b)] = f"{float(pick.lr.iloc[0]):.3g} ({how})"
+  return points, lrs, g, int(d.num_minibatches.mode().iloc[0])
 
 
-def from_study(points: dict[int, np.ndarray], lrs: dict[int, float], extend: int = EXTEND,
+def from_study(points: dict[int, np.ndarray], lrs: dict[int, str], extend: int = EXTEND,
                reps: int = 1000, seed: int = 0) -> tuple[list[Estimate], dict]:
   """E at every measured B and at B_max x 2, 4, ... (fit or bound), and the fit."""
   reached = {b: v for b, v in points.items() if np.isfinite(np.median(v))}
@@ -134,12 +137,12 @@ def from_study(points: dict[int, np.ndarray], lrs: dict[int, float], extend: int
   out = []
   for b in sorted(reached):
     iv = stats.median_interval(reached[b])
-    out.append(Estimate(b, iv.point, iv.lo, iv.hi, iv.n, "measured", f"{lrs[b]:.3g}"))
+    out.append(Estimate(b, iv.point, iv.lo, iv.hi, iv.n, "measured", lrs[b]))
   fit = (fits.critical_batch(reached, reps=reps, seed=seed) if len(reached) >= 3 else
          {"identified": False, "reasons": ["2 batches"]})
   top = max(reached)
   top_e = next(e for e in out if e.b == top)
-  lr_top = lrs[top]
+  lr_top = float(lrs[top].split()[0])
   for k in range(1, extend + 1):
     b = top * GRID ** k
     lr = f"{lr_top * math.sqrt(b / top):.3g} (sqrt rule from B={top}, not run)"
@@ -169,9 +172,12 @@ def from_probe(run_e: float, run_b: int, run_lr: float, b_crit: float, lo: float
   for b in sorted(set(batches)):
     ends = sorted([e(b, lo), e(b, hi)])
     ran = "run in the probe's branches" if b in probed else "not run"
-    lr = f"{run_lr:.3g}" if b == run_b else f"{rate(b):.3g} ({rule}, {ran})"
-    out.append(Estimate(b, e(b, b_crit), ends[0], ends[1], seeds,
-                        "measured" if b == run_b else "probe", lr))
+    if b == run_b:  # one run: its E, without an interval
+      out.append(Estimate(b, run_e, math.nan, math.nan, 1, "measured (one run)",
+                          f"{run_lr:.3g}"))
+      continue
+    out.append(Estimate(b, e(b, b_crit), ends[0], ends[1], seeds, "probe",
+                        f"{rate(b):.3g} ({rule}, {ran})"))
   return out
 
 
@@ -193,11 +199,13 @@ def probe_estimates(probe_dir: str, run_dir: str, g: int) -> tuple[list[Estimate
                   f"{p['text']}")
   # The interval spans the seeds' and the gains' (analysis/probe.py SENSITIVITY): where B_crit
   # moves with the gain it is read at, the seeds' interval alone understates what is known.
-  lo, hi = p["b_crit_lo"], p["b_crit_hi"]
+  lo, hi, used = p["b_crit_lo"], p["b_crit_hi"], []
+  curves = probe.load(probe_dir)[step]
   for g_ in probe.SENSITIVITY:
-    other = probe.estimate(probe.load(probe_dir)[step], gain=g_)
+    other = probe.estimate(curves, gain=g_)
     if other.get("identified"):
       lo, hi = min(lo, other["b_crit_lo"]), max(hi, other["b_crit_hi"])
+      used.append(str(g_))
   lr = optim.scale(run.config["optim"], run.batch).lr
   rate, rule = _probe_rule(probe_dir, step)
   top = max(run.batch * GRID ** EXTEND, max(int(b) for b in p["batches"]))
@@ -209,8 +217,10 @@ def probe_estimates(probe_dir: str, run_dir: str, g: int) -> tuple[list[Estimate
   est = from_probe(float(e_run), run.batch, lr, p["b_crit"], lo, hi, min(p["n"]),
                    [x for x in batches if x % g == 0], rate, rule,
                    tuple(int(b) for b in p["batches"]))
-  return est, (f"probe at step {step}: {p['text']}; the interval used spans gains "
-               f"{', '.join(map(str, probe.SENSITIVITY))} too: {lo:.3g}-{hi:.3g}")
+  return est, (f"probe at step {step}: {p['text']}; the interval used spans the gains where it "
+               f"is identified ({', '.join(used)}): {lo:.3g}-{hi:.3g}. The run's E "
+               f"({e_run:g} responses to its own target, {run.config['target']['metric']}) is "
+               f"carried by a B_crit measured on {result['metric']} over short branches")
 
 
 def _probe_rule(probe_dir: str, step: int):
@@ -243,7 +253,7 @@ def throughput(run_dir: str, model: str, dtype: str, accelerator: str, run_accel
 
   def step(responses: int, chips: int, layout: str) -> float:
     return tm.predict(w.with_responses(responses), tacc, tcal, chips, layout).step
-  return step, note, w.optimizer_steps
+  return step, note
 
 
 def usable(n: int) -> list[int]:
@@ -253,27 +263,27 @@ def usable(n: int) -> list[int]:
 
 
 def choose(estimates: list[Estimate], step, chips: list[int], layouts: list[str],
-           optimizer_steps: int = 1) -> pd.DataFrame:
+           minibatches: int = 1) -> pd.DataFrame:
   """One row per chip count and candidate (B, layout, chips used), ranked by predicted time to
-  target: E(B) / B RL steps (one optimizer step of B per RL step, `optimizer_steps` per RL step
-  otherwise) x seconds per step."""
+  target: E(B) / (B x `minibatches`) RL steps (an RL step of P x G = B x minibatches responses,
+  as in the study or run that measured E) x seconds per step."""
   rows = []
   for n in chips:
     for est, layout, used in itertools.product(estimates, layouts, usable(n)):
       if layout == "split" and used < 2:
         continue
-      t = step(est.b * optimizer_steps, used, layout)
-      steps = est.e / est.b / optimizer_steps
+      t = step(est.b * minibatches, used, layout)
+      steps = est.e / est.b / minibatches
       rows.append(dict(chips=n, used=used, B=est.b, layout=layout, lr=est.lr, how=est.how,
                        seeds=est.seeds, responses=est.e, step_s=t, steps=steps,
-                       time_s=steps * t, time_lo=est.lo / est.b / optimizer_steps * t,
-                       time_hi=est.hi / est.b / optimizer_steps * t))
+                       time_s=steps * t, time_lo=est.lo / est.b / minibatches * t,
+                       time_hi=est.hi / est.b / minibatches * t))
   df = pd.DataFrame(rows)
   df["rank"] = df.groupby("chips").time_s.rank(method="first").astype(int)
   return df.sort_values(["chips", "rank"]).reset_index(drop=True)
 
 
-def table(df: pd.DataFrame, g: int) -> pd.DataFrame:
+def table(df: pd.DataFrame, g: int, minibatches: int = 1) -> pd.DataFrame:
   """Per chip count: the best candidate and the runner-up (the best of another B or layout)."""
   out = []
   for n, d in df.groupby("chips"):
@@ -282,17 +292,20 @@ def table(df: pd.DataFrame, g: int) -> pd.DataFrame:
     second = others.iloc[0] if len(others) else None
     tie = second is not None and second.time_lo <= best.time_hi
     out.append({
-        "chips": n, "P x G": f"{best.B // g} x {g}", "B": best.B, "lr": best.lr,
+        "chips": n, "P x G": f"{best.B * minibatches // g} x {g}", "B": best.B, "lr": best.lr,
         "layout": best.layout, "chips used": best.used, "time to target (s)": _iv(best),
         "seeds": best.seeds, "E from": best.how,
         "runner-up": "—" if second is None else
-        f"{second.B // g} x {g} {second.layout} on {second.used}, {_iv(second)}, E {second.how}"
+        f"{second.B * minibatches // g} x {g} {second.layout} on {second.used}, {_iv(second)}, "
+        f"E {second.how}"
         + (" (overlaps)" if tie else ""),
     })
   return pd.DataFrame(out)
 
 
 def _iv(r) -> str:
+  if math.isnan(r.time_lo):
+    return f"{r.time_s:.3g} (one run: no interval)"
   return f"{r.time_s:.3g} [{r.time_lo:.3g}, {r.time_hi:.3g}]"
 
 
@@ -339,12 +352,13 @@ def advise(a: argparse.Namespace) -> tuple[pd.DataFrame, pd.DataFrame, list[str]
   notes = []
   if is_probe:
     with open(os.path.join(a.run, "config.json")) as f:
-      g = int(json.load(f)["rl"]["group_size"])
+      rl = json.load(f)["rl"]
+    g, nm = int(rl["group_size"]), int(rl.get("num_minibatches", 1))
     estimates, what = probe_estimates(a.dir, a.run, g)
     notes.append(f"E(B) from the {what}; the run's own E at its batch")
   else:
     runs, record = study_runs(a.dir)
-    points, lrs, g = best_lr_points(runs, record, a.kind)
+    points, lrs, g, nm = best_lr_points(runs, record, a.kind)
     estimates, fit = from_study(points, lrs)
     t = record.get("target", {})
     notes.append(f"E(B): the study's best-lr runs to {t.get('metric', 'its target')} = "
@@ -355,13 +369,13 @@ def advise(a: argparse.Namespace) -> tuple[pd.DataFrame, pd.DataFrame, list[str]
                      f"B_crit not identified ({'; '.join(fit.get('reasons', []))})" +
                      (f"; B_crit > {fit['bound'][1]:.3g}: E extrapolated pessimistically"
                       if fit.get("bound", ("",))[0] == "lower" else ": not extrapolated")))
-  step, note, opt = throughput(a.run, a.model, a.dtype, a.accelerator, a.run_accelerator)
+  step, note = throughput(a.run, a.model, a.dtype, a.accelerator, a.run_accelerator)
   notes.append("step time: " + note)
   if a.model:
     notes.append(f"E(B) was measured on the run's model and is assumed to hold for {a.model}")
   layouts = ["colocated", "split"] if a.layout == "both" else [a.layout]
-  df = choose(estimates, step, a.chips, layouts, opt)
-  return df, table(df, g), notes, g
+  df = choose(estimates, step, a.chips, layouts, nm)
+  return df, table(df, g, nm), notes, g
 
 
 def main(argv=None) -> int:

@@ -168,6 +168,19 @@ def in_dtype(inner: optax.GradientTransformation, dtype) -> optax.GradientTransf
   return optax.GradientTransformation(init, update)
 
 
+def branched(fresh, parent):
+  """A branch's optimizer state (init.branch_from): the parent's moments (Adam's mu, nu and
+  the count its bias correction reads, so warm moments are not inflated), the branch's own
+  injected hyperparameters and schedule clock (its learning rate by its rule at its batch, its
+  warmup and decay over its own responses; the parent's would be read from the state)."""
+  def pick(f, p):
+    if hasattr(f, "hyperparams") and hasattr(f, "inner_state"):
+      return f._replace(inner_state=p.inner_state)
+    return p
+  is_inject = lambda x: hasattr(x, "hyperparams") and hasattr(x, "inner_state")  # noqa: E731
+  return jax.tree.map(pick, fresh, parent, is_leaf=is_inject)
+
+
 def hyperparams(opt_state) -> dict[str, Any]:
   """The injected hyperparameters (learning rate, betas, eps) of a state made by `make`."""
   if hasattr(opt_state, "hyperparams"):

@@ -31,7 +31,7 @@ class Evaluator:
 
   def __init__(self, task: Task, graphdef: nnx.GraphDef, mesh, rules, *, max_new_tokens: int,
                generation_batch: int, decode_chunk: int = 64, sampled: bool = True,
-               greedy: bool = True, reference: bool = False):
+               greedy: bool = True, reference: bool = False, logprob_chunk: int = 0):
     self.task, self.graphdef, self.mesh, self.rules = task, graphdef, mesh, rules
     eos, pad = task.tokenizer.eos_ids, task.tokenizer.pad_id
     common = dict(max_new_tokens=max_new_tokens, eos_ids=eos, pad_id=pad, decode_chunk=decode_chunk)
@@ -53,7 +53,8 @@ class Evaluator:
     self.real = np.arange(rows.start, rows.stop) < self.num
     self.tokens, self.mask = rollout.prompts(task, self.problems)
     self.eos = eos
-    self.reference = self._reference_rows(max_new_tokens) if reference else None
+    self.reference = (self._reference_rows(problems, max_new_tokens, logprob_chunk) if reference
+                      else None)
 
   def __call__(self, state: nnx.State, key: jax.Array) -> dict[str, float]:
     out = {}
@@ -73,13 +74,14 @@ class Evaluator:
       out.update(self._reference_scores(state))
     return out
 
-  def _reference_rows(self, max_new_tokens: int):
+  def _reference_rows(self, problems, max_new_tokens: int, chunk: int):
     """(tokens, mask) of prompt + reference response + EOS for this process's rows, and the
-    jitted sum of the response's log-probs per row."""
+    jitted sum of the response's log-probs per row. The length is the whole held-out set's
+    longest reference (`problems`, every process's), so every process pads alike."""
     tok = self.task.tokenizer
-    answers = [tok.encode(self.task.reference_response(p)) + [turn_end_id(tok)]
-               for p in self.problems]
-    n = max(len(a) for a in answers)
+    encode = lambda p: tok.encode(self.task.reference_response(p)) + [turn_end_id(tok)]  # noqa: E731
+    n = max(len(encode(p)) for p in problems)
+    answers = [encode(p) for p in self.problems]
     if n > max_new_tokens:
       logging.warning("eval.reference: reference responses of up to %d tokens exceed "
                       "rollout.max_new_tokens=%d; scored whole", n, max_new_tokens)
@@ -89,11 +91,11 @@ class Evaluator:
     graphdef, mesh, rules = self.graphdef, self.mesh, self.rules
 
     def summed(state, tokens_BxT, mask_BxT):
-      with sharding.activation_sharding(mesh, rules):
-        lp = nnx.merge(graphdef, state).response_logprobs(tokens_BxT, mask_BxT, n)[0]
+      with sharding.activation_sharding(mesh, rules):  # vocabulary chunks: no [B, n, V] logits
+        lp = nnx.merge(graphdef, state).response_logprobs(tokens_BxT, mask_BxT, n, chunk)[0]
       return jnp.sum(jnp.where(mask_BxT[:, -n:], lp, 0.0), axis=1)
 
-    return tokens, mask, jax.jit(summed)
+    return tokens, mask, jax.jit(summed, out_shardings=sharding.batch_sharding(mesh, 1, rules))
 
   def _reference_scores(self, state: nnx.State) -> dict[str, float]:
     tokens, mask, summed = self.reference

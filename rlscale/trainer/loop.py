@@ -13,7 +13,6 @@ What a trainer provides is the `Trainer` protocol below; the RL and SFT trainers
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from typing import Any, Protocol, runtime_checkable
@@ -122,7 +121,7 @@ class Loop:
     self.steps, self.eval_at_start = num_steps, eval_at_start
     t = cfg.train
     self.ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), t.keep_checkpoints,
-                             t.async_checkpoint, keep_period=t.get("keep_period", 0))
+                             t.async_checkpoint, keep_period=t.keep_period)
     self.target = cfg.target if "target" in cfg else None  # SFT has none
     self.counters: dict[str, Any] = {"step": 0, "wall_time": 0.0, "seed": cfg.seed}
     self.last_eval: dict[str, float] = {}
@@ -162,7 +161,7 @@ class Loop:
                         f"the checkpoints were saved with; resume with that config, or give "
                         f"another --workdir") from e
     start = step or 0
-    branch = self.cfg.get("init", {}).get("branch_from") if "init" in self.cfg else ""
+    branch = self.cfg.init.branch_from if "init" in self.cfg else ""
     if not start and branch:
       self._branch(branch, self.cfg.init.branch_step)
     if start:
@@ -191,9 +190,7 @@ class Loop:
                         "differs from the run it branches from") from e
     finally:
       ckpt.close()
-    with open(os.path.join(parent, "config.json")) as f:
-      prompts = step * json.load(f)["rl"]["num_prompts"]
-    self.trainer.branch(state, meta.get("trainer", {}), prompts)
+    self.trainer.branch(state, meta.get("trainer", {}), parent, step)
     logging.info("branched from the checkpoint of step %d of %s", step, parent)
 
   def run(self) -> tuple[dict[str, Any], dict[str, float]]:

@@ -14,6 +14,7 @@ and MFU.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import time
@@ -38,6 +39,7 @@ from rlscale.trainer.evaluation import Evaluator
 from rlscale.trainer.loop import Loop, NonFiniteError, Pending  # noqa: F401  (NonFiniteError: API)
 from rlscale.metrics.writer import write_json
 from rlscale.rl import algorithm
+from rlscale.rl import optim
 from rlscale.sampling import Sampler, SamplingParams, generate
 from rlscale.metrics import summary
 
@@ -95,7 +97,8 @@ class RLTrainer:
                                max_new_tokens=ro.max_new_tokens,
                                generation_batch=cfg.eval.generation_batch,
                                decode_chunk=ro.decode_chunk, sampled=cfg.eval.sampled,
-                               greedy=cfg.eval.greedy, reference=cfg.eval.reference)
+                               greedy=cfg.eval.greedy, reference=cfg.eval.reference,
+                               logprob_chunk=cfg.train.logprob_chunk)
     self.prompt_level = any(m.prompt_level for m in self.algo.models.values())
     self.peak = flops.peak(cfg.train.peak_flops, jax.devices()[0].device_kind)
     self.rows = distributed.process_rows(self.plan.num_prompts)
@@ -146,16 +149,22 @@ class RLTrainer:
     if self.refill is not None:
       self.refill.load(meta.get("refill", {}))
 
-  def branch(self, state, meta: dict[str, Any], parent_prompts: int) -> None:
-    """Start from another run's checkpoint (init.branch_from): its weights and optimizer
-    state; the noise-scale estimates, the counters and the filtered fraction start afresh, and
-    the prompt stream after the parent's (`meta`: its trainer meta; `parent_prompts`: the
-    prompts its steps drew without dynamic sampling), so that no branch trains on a prompt its
-    parent trained on."""
+  def branch(self, state, meta: dict[str, Any], parent: str, step: int) -> None:
+    """Start from the checkpoint of `step` of the run in `parent` (init.branch_from): its
+    weights, its optimizer moments (optim.branched: the branch's own hyperparameters and
+    schedule clock) and PPO-EWMA's proximal weights; the noise-scale estimates, the counters and
+    the filtered fraction start afresh, and the prompt stream after the parent's (`meta`: its
+    trainer meta), so that no branch trains on a prompt its parent (or its parent's parent)
+    trained on."""
     for n, m in self.algo.models.items():
-      m.state = state[n]
+      mine = m.state
+      m.state = mine._replace(params=state[n].params, prox=state[n].prox,
+                              opt_state=optim.branched(mine.opt_state, state[n].opt_state))
     self.sampler_params, self.prefetched = self.sync(self.actor.params), None
-    self.prompt_offset = meta.get("next_prompt") or parent_prompts
+    with open(os.path.join(parent, "config.json")) as f:
+      parent_p = json.load(f)["rl"]["num_prompts"]
+    self.prompt_offset = meta.get("next_prompt") or (meta.get("prompt_offset", 0)
+                                                     + step * parent_p)
 
   def meta(self) -> dict[str, Any]:
     out = {"noise": {n: m.noise_state() for n, m in self.algo.models.items()}}

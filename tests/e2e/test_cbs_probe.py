@@ -2,6 +2,7 @@
 launch/cbs_probe.py, one branch killed and resumed, then its report."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -23,14 +24,17 @@ def _evals(run_dir, metric="eval/reference_logprob"):
   return out
 
 
-@pytest.mark.slow(seconds=130)
-def test_branches_start_from_the_kept_step_and_a_killed_one_resumes(tmp_path, tiny_sft_base):
+@pytest.mark.slow(seconds=140)
+def test_branches_start_from_the_kept_step_and_a_killed_one_resumes(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  # Its own base-policy cache: a new recipe built in the shared one (conftest's tiny_sft_base)
+  # would change that folder under a test that checks nothing is added to it while it runs.
+  cache = str(tmp_path / "base")
   # The parent: an entropy bonus moves the weights every step (the tiny model earns no reward).
   parent = str(tmp_path / "parent")
   subprocess.run([sys.executable, "-m", "rlscale",
                   f"--config={os.path.join(REPO, 'configs', 'grpo_chain_sum.py')}:tiny",
-                  f"--workdir={parent}", f"--config.init.cache_dir={tiny_sft_base}",
+                  f"--workdir={parent}", f"--config.init.cache_dir={cache}",
                   "--config.train.num_steps=4", "--config.train.checkpoint_every=1",
                   "--config.train.keep_period=2", "--config.train.eval_every=1",
                   "--config.eval.reference=True", "--config.rl.entropy_coef=0.05"],
@@ -71,6 +75,16 @@ def test_branches_start_from_the_kept_step_and_a_killed_one_resumes(tmp_path, ti
     evals = _evals(os.path.join(step_dir, name))
     # Every branch starts from the parent's step 2 (not its base, not its last step).
     assert evals[0] == parent_evals[2] != parent_evals[4]
+    # ... at its own rate (the sqrt rule from the parent's B = 16); the parent's schedule is
+    # constant, so a decaying one's clock is tested in tests/unit/rl/test_optim.py instead.
+    with open(os.path.join(step_dir, name, "config.json")) as f:
+      cfg = json.load(f)
+    b = cfg["rl"]["num_prompts"] * cfg["rl"]["group_size"]
+    lr = _evals(os.path.join(step_dir, name), "actor/lr")[1]
+    assert lr == pytest.approx(1e-4 * math.sqrt(b / 16), rel=1e-6)
+    with open(os.path.join(step_dir, name, "checkpoints", str(32 // b),
+                           "meta", "metadata")) as f:
+      assert json.load(f)["trainer"]["prompt_offset"] == 2 * 4  # after the parent's 2 x P
     with open(os.path.join(step_dir, name, "summary.json")) as f:
       assert json.load(f)["responses_seen"] == 32
   with open(os.path.join(parent, "probe", "report", "probe.json")) as f:

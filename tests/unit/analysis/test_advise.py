@@ -38,9 +38,10 @@ def step_time(c0=16.0, c1=1.0):
 
 
 def test_picks_the_batch_the_law_says_is_fastest_measured_and_extrapolated():
-  points, lrs, g = advise.best_lr_points(fake_runs(), {})
-  assert g == G and sorted(points) == [8, 16, 32, 64]
-  assert all(v == 1e-4 for v in lrs.values())  # the faster rate at every B
+  points, lrs, g, minibatches = advise.best_lr_points(fake_runs(), {})
+  assert g == G and minibatches == 1 and sorted(points) == [8, 16, 32, 64]
+  # The faster rate at every B, said to be chosen on the seeds it is reported on.
+  assert all(v.startswith("0.0001 (fewest median") and "optimistic" in v for v in lrs.values())
   estimates, fit = advise.from_study(points, lrs)
   assert fit["identified"] and fit["b_crit"] == pytest.approx(64, rel=0.25)
   df = advise.choose(estimates, step_time(), [1, 64], ["colocated", "split"])
@@ -55,7 +56,7 @@ def test_picks_the_batch_the_law_says_is_fastest_measured_and_extrapolated():
 
 
 def test_a_critical_batch_bounded_below_extrapolates_pessimistically():
-  points, lrs, _ = advise.best_lr_points(fake_runs(b_crit=1e5, noise=0.03), {})
+  points, lrs, _, _ = advise.best_lr_points(fake_runs(b_crit=1e5, noise=0.03), {})
   estimates, fit = advise.from_study(points, lrs)
   assert not fit["identified"] and fit["bound"][0] == "lower"
   beyond = [e for e in estimates if e.b > 64]
@@ -67,12 +68,12 @@ def test_a_critical_batch_bounded_below_extrapolates_pessimistically():
 def test_the_study_choice_of_rate_wins_over_the_fewest_responses():
   record = {"chosen": {"lr": {"stage": "grpo", "per": ["p"],
                               "values": {f"p={b // G}": 2e-4 for b in (8, 16, 32, 64)}}}}
-  _, lrs, _ = advise.best_lr_points(fake_runs(), record)
-  assert set(lrs.values()) == {2e-4}
+  _, lrs, _, _ = advise.best_lr_points(fake_runs(), record)
+  assert set(lrs.values()) == {"0.0002 (the study's choice)"}
 
 
 def test_refuses_when_fewer_than_two_batches_reach_the_target():
-  points, lrs, _ = advise.best_lr_points(fake_runs(never=(16, 32, 64)), {})
+  points, lrs, _, _ = advise.best_lr_points(fake_runs(never=(16, 32, 64)), {})
   with pytest.raises(advise.Refusal, match="1 batch"):
     advise.from_study(points, lrs)
 
@@ -86,7 +87,8 @@ def test_a_probe_carries_the_runs_own_responses_to_other_batches():
   est = advise.from_probe(5120.0, 256, 1e-4, b_crit=64.0, lo=32.0, hi=128.0, seeds=3,
                           batches=[64, 256, 1024])
   by_b = {e.b: e for e in est}
-  assert by_b[256].e == 5120.0 and by_b[256].how == "measured"
+  assert by_b[256].e == 5120.0 and by_b[256].how == "measured (one run)"
+  assert math.isnan(by_b[256].lo)  # one run: no interval
   assert by_b[64].e == pytest.approx(5120 * (1 + 1) / (1 + 4))
   assert by_b[1024].how == "probe" and by_b[1024].lo < by_b[1024].e < by_b[1024].hi
 
@@ -95,3 +97,14 @@ def test_the_command_refuses_in_one_line(tmp_path, capsys):
   rc = advise.main([str(tmp_path / "nothing"), "--run", str(tmp_path)])
   err = capsys.readouterr().err
   assert rc == 2 and err.startswith("advise.py: cannot recommend:") and err.count("\n") == 1
+
+
+def test_a_step_of_several_mini_batches_counts_its_responses():
+  """E(B) over B x minibatches responses per RL step: half the RL steps of twice the rows."""
+  est = [advise.Estimate(32, 1000.0, 900.0, 1100.0, 5, "measured", "1e-4")]
+  one = advise.choose(est, step_time(), [1], ["colocated"], minibatches=1).iloc[0]
+  two = advise.choose(est, step_time(), [1], ["colocated"], minibatches=2).iloc[0]
+  assert two.steps == pytest.approx(one.steps / 2)
+  assert two.step_s == step_time()(64, 1, "colocated")
+  assert advise.table(advise.choose(est, step_time(), [1], ["colocated"], 2), G, 2).iloc[0][
+      "P x G"] == "8 x 8"

@@ -59,3 +59,29 @@ def test_optimizer_logs_the_scaled_hyperparameters():
   assert float(hp["b1"]) == pytest.approx(0.6) and float(hp["eps"]) == pytest.approx(5e-9)
   with pytest.raises(ValueError, match="lr_scaling='cubic'"):
     optim.scale(_cfg(lr_scaling="cubic"), 1)
+
+
+@pytest.mark.parametrize("clip", [0.0, 1.0])
+def test_a_branch_keeps_the_parents_moments_and_its_own_rate_and_clock(clip):
+  """optim.branched: a parent trained 30 steps at B = 256 on a cosine schedule; a branch at
+  B = 8 must run its own rate (its rule at its batch) from the start of its own schedule, on the
+  parent's Adam moments and bias-correction count."""
+  import jax
+  import jax.numpy as jnp
+  cfg = _cfg(schedule="cosine", lr_scaling="sqrt", reference_batch=256, grad_clip=clip)
+  parent_tx, _ = optim.make(cfg, batch=256, total_responses=256 * 40, responses_per_step=256)
+  state = parent_tx.init({"w": jnp.zeros(3)})
+  for _ in range(30):
+    _, state = parent_tx.update({"w": jnp.ones(3)}, state, {"w": jnp.zeros(3)})
+  branch_tx, s = optim.make(cfg, batch=8, total_responses=128, responses_per_step=8)
+  mine = optim.branched(branch_tx.init({"w": jnp.zeros(3)}), state)
+  _, after = branch_tx.update({"w": jnp.ones(3)}, mine, {"w": jnp.zeros(3)})
+  # Step 0 of its own 16-step cosine: its full rate, 1e-4 x sqrt(8 / 256).
+  assert float(optim.hyperparams(after)["learning_rate"]) == pytest.approx(s.lr)
+  adam = lambda st: [x for x in jax.tree.leaves(st, is_leaf=lambda y: hasattr(y, "nu"))  # noqa: E731
+                     if hasattr(x, "nu")][0]
+  assert int(adam(mine).count) == 30  # the parent's: warm moments are not re-inflated
+  assert jnp.array_equal(adam(mine).nu["w"], adam(state).nu["w"])
+  # Without it the parent's clock and rate would be read: 30 of its 40 steps into its decay.
+  _, stale = branch_tx.update({"w": jnp.ones(3)}, state, {"w": jnp.zeros(3)})
+  assert float(optim.hyperparams(stale)["learning_rate"]) != pytest.approx(s.lr)

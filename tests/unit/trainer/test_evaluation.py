@@ -168,3 +168,27 @@ def test_a_call_holds_no_more_rows_than_the_set_needs(task, policy, mesh8, rules
   ev = _evaluator(task, policy, mesh8, rules, 512, sampled=False)
   assert ev.gb == 16 and len(ev.problems) == 16
   assert _evaluator(task, policy, mesh8, rules, 8, sampled=False).gb == 8  # smaller: kept
+
+
+def test_reference_likelihood_matches_an_unsharded_forward_row_by_row(task, policy, mesh8, rules):
+  """eval.reference on 8 batch shards, in calls of 8 of the 16 padded rows and with vocabulary
+  chunks, against the policy's own teacher-forced log-probs of each (prompt, reference + EOS)
+  row computed alone on one device without padding: the mean log-probability and the mean
+  probability over the 10 real problems (float32 sums, 1e-5)."""
+  from rlscale.tasks.base import turn_end_id
+  ev = Evaluator(task, policy[0], mesh8, rules, max_new_tokens=MAX_NEW, generation_batch=8,
+                 sampled=False, greedy=False, reference=True, logprob_chunk=8)
+  got = ev(policy[1], jax.random.key(0))
+  model = nnx.merge(*policy)
+  tok = task.tokenizer
+  want = []
+  for p in task.eval_problems():
+    prompt = task.prompt_ids(p)
+    answer = tok.encode(task.reference_response(p)) + [turn_end_id(tok)]
+    ids = np.asarray([prompt + answer], np.int32)
+    lp = model.token_logprobs(ids, np.ones_like(ids, bool), len(prompt))
+    want.append(float(np.sum(np.asarray(lp))))
+  assert got["eval/reference_logprob"] == pytest.approx(np.mean(want), rel=1e-5)
+  assert got["eval/reference_prob"] == pytest.approx(np.mean(np.exp(want)), rel=1e-5)
+  ev(policy[1], jax.random.key(1))  # another evaluation compiles nothing new
+  assert ev.reference[2]._cache_size() == 1
