@@ -6,8 +6,9 @@ batch B (P = B / G prompts of the run's G responses) and seed, each a sweep poin
 listed in that directory's sweep.json, run by the local, Slurm or XManager launcher. Every
 branch generates the same `responses`, with the learning rate its batch gets from the rule
 under test (`optim.lr_scaling`, anchored at the run's batch and rate unless told another
-anchor: the run's own B keeps the run's rate), and scores the held-out set's reference responses (eval.reference) at `evals` marks:
-analysis/probe.py reads the critical batch from them.
+anchor: the run's own B keeps the run's rate), and scores the held-out set's reference
+responses (eval.reference) at `evals` marks: analysis/probe.py reads the critical batch from
+them.
 
 Sizes the branches need are derived, not asked for: the micro-batch ('auto', the batch plan's),
 checkpoints about four times a branch (a killed branch resumes), the evaluation spacing.

@@ -79,7 +79,10 @@ class Evaluator:
     jitted sum of the response's log-probs per row. The length is the whole held-out set's
     longest reference (`problems`, every process's), so every process pads alike."""
     tok = self.task.tokenizer
-    encode = lambda p: tok.encode(self.task.reference_response(p)) + [turn_end_id(tok)]  # noqa: E731
+
+    def encode(p):
+      return tok.encode(self.task.reference_response(p)) + [turn_end_id(tok)]
+
     n = max(len(encode(p)) for p in problems)
     answers = [encode(p) for p in self.problems]
     if n > max_new_tokens:
