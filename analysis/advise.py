@@ -199,13 +199,7 @@ def probe_estimates(probe_dir: str, run_dir: str, g: int) -> tuple[list[Estimate
                   f"{p['text']}")
   # The interval spans the seeds' and the gains' (analysis/probe.py SENSITIVITY): where B_crit
   # moves with the gain it is read at, the seeds' interval alone understates what is known.
-  lo, hi, used = p["b_crit_lo"], p["b_crit_hi"], []
-  curves = probe.load(probe_dir)[step]
-  for g_ in probe.SENSITIVITY:
-    other = probe.estimate(curves, gain=g_)
-    if other.get("identified"):
-      lo, hi = min(lo, other["b_crit_lo"]), max(hi, other["b_crit_hi"])
-      used.append(str(g_))
+  lo, hi, used = p["span_lo"], p["span_hi"], sorted(p["identified_gains"], key=float)
   lr = optim.scale(run.config["optim"], run.batch).lr
   rate, rule = _probe_rule(probe_dir, step)
   top = max(run.batch * GRID ** EXTEND, max(int(b) for b in p["batches"]))
@@ -227,9 +221,8 @@ def _probe_rule(probe_dir: str, step: int):
   """The rate the probe's rule gives a batch (read from one of its branches' config), and the
   rule in words."""
   from analysis import probe, runs as runs_lib
-  branch = runs_lib.load(next(d for d in probe.branch_dirs(probe_dir)
-                              if runs_lib.load(d).config["init"]["branch_step"] == step))
-  o = branch.config["optim"]
+  configs = (runs_lib.load(d).config for d in probe.branch_dirs(probe_dir))
+  o = next(c for c in configs if c["init"]["branch_step"] == step)["optim"]
   return (lambda b: optim.scale(o, b).lr,
           f"the probe's {o['lr_scaling']} rule from {o['lr']:.3g} at B={o['reference_batch']}")
 

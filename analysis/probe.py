@@ -174,8 +174,13 @@ def analyse(probe_dir: str, parent_dir: str, metric: str = METRIC, gain: float =
   for step, curves in sorted(load(probe_dir, metric).items()):
     est = estimate(curves, gain=gain, min_seeds=min_seeds)
     others = {g: estimate(curves, gain=g, min_seeds=min_seeds) for g in SENSITIVITY if g != gain}
+    span = [e for e in [est, *others.values()] if e.get("identified")]  # the advisor's interval
     points[step] = dict(est, **parent_noise(parent_dir, step), text=text(est),
-                        at_other_gains={str(g): _short(e) for g, e in others.items()})
+                        at_other_gains={str(g): _short(e) for g, e in others.items()},
+                        identified_gains=[str(g) for g, e in [(gain, est), *others.items()]
+                                          if e.get("identified")],
+                        span_lo=min((e["b_crit_lo"] for e in span), default=math.nan),
+                        span_hi=max((e["b_crit_hi"] for e in span), default=math.nan))
   return {"metric": metric, "gain": gain, "parent": parent_dir,
           "points": points, "cost": cost(probe_dir, parent_dir)}
 
