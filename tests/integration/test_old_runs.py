@@ -1,0 +1,62 @@
+"""Run directories written by earlier commits still resume (tests/support/fixtures/old_runs/).
+
+The fixture is a finished 2-step `configs/grpo.py:tiny` run written by commit ba4a25a. A user
+extends it to 4 steps with the same command plus --allow_config_change=train.num_steps; the run
+resumes from its step-2 checkpoint (through a migration where the format changed since) and the
+steps it adds must be those the old code computed without a break.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import REPO
+
+FIXTURES = os.path.join(REPO, "tests", "support", "fixtures", "old_runs")
+# The fixture's recipe (its README): the 60-step tiny SFT base, partial credit.
+SFT = ("--config.init.sft_config=configs/sft.py:tiny,optim.warmup_responses=0,"
+       "train.num_steps=60,train.eval_every=0,train.checkpoint_every=0")
+MACHINE = ("time/", "memory/", "throughput/", "mfu/", "wall_time")
+
+
+def _rows(path):
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _numbers(row):
+  return {k: v for k, v in row.items() if not k.startswith(MACHINE)}
+
+
+@pytest.mark.slow(seconds=40)
+def test_a_run_of_ba4a25a_resumes_and_adds_the_steps_it_would_have_run(tmp_path):
+  run = tmp_path / "grpo_tiny_ba4a25a"
+  shutil.copytree(os.path.join(FIXTURES, "grpo_tiny_ba4a25a"), run)
+  # On one device, as it was written (the tests' 8 simulated devices would lay it out anew).
+  xla = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                 if not f.startswith("--xla_force_host_platform_device_count"))
+  env = dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS=xla)
+  # From a folder of its own: the fixture's init.cache_dir is the relative runs/base.
+  p = subprocess.run([sys.executable, os.path.join(REPO, "launch", "main.py"),
+                      "--config=configs/grpo.py:tiny", "--config.task.partial_credit=True", SFT,
+                      "--config.train.num_steps=4", "--allow_config_change=train.num_steps",
+                      f"--workdir={run}"], cwd=tmp_path, env=env, capture_output=True,
+                     text=True)
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "resumed from the checkpoint of step 2" in p.stderr
+  rows = _rows(run / "metrics.jsonl")
+  golden = _rows(os.path.join(FIXTURES, "golden", "grpo_tiny_4steps_ba4a25a.jsonl"))
+  assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+  old = _rows(os.path.join(FIXTURES, "grpo_tiny_ba4a25a", "metrics.jsonl"))
+  assert rows[:3] == old  # the rows it had are kept as they were
+  for mine, theirs in zip(rows[3:], golden[3:]):
+    a, b = _numbers(mine), _numbers(theirs)
+    common = set(a) & set(b)
+    assert set(b) <= set(a), sorted(set(b) - set(a))  # no metric of the old code is lost
+    assert {k: a[k] for k in common} == {k: b[k] for k in common}, mine["step"]
+  with open(run / "summary.json") as f:
+    assert json.load(f)["step"] == 4
