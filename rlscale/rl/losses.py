@@ -17,17 +17,19 @@ AGGREGATIONS = Registry("loss aggregation")
 KL_ESTIMATORS = Registry("KL estimator")
 
 
-def clipped_surrogate(logp, old_logp, adv, eps_low: float, eps_high: float,
-                      dual_clip: float | None = None):
+def clipped_surrogate(logp, old_logp, adv, eps_low: float = 0.2, eps_high: float = 0.2,
+                      dual_clip: float | None = None, *, bounds=None):
   """PPO's clipped objective as a loss, per token, with separate low/high clip ranges (DAPO).
 
   Returns (loss, clipped) where `clipped` marks tokens whose gradient the clip removed.
   With `dual_clip` = c > 1 (Ye et al. 2020) the loss of a negative-advantage token is capped
-  at c * |adv|.
+  at c * |adv|. `bounds` = (1 - eps_low, 1 + eps_high), when given, replaces the eps values
+  (rl/policy_loss.py passes them as the compiled update's arguments).
   """
+  low, high = (1.0 - eps_low, 1.0 + eps_high) if bounds is None else bounds
   ratio = jnp.exp(logp - old_logp)
   unclipped = -adv * ratio
-  clipped_obj = -adv * jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+  clipped_obj = -adv * jnp.clip(ratio, low, high)
   loss = jnp.maximum(unclipped, clipped_obj)
   clipped = clipped_obj > unclipped
   if dual_clip is not None:
@@ -38,14 +40,14 @@ def clipped_surrogate(logp, old_logp, adv, eps_low: float, eps_high: float,
   return loss, clipped
 
 
-def decoupled_surrogate(logp, behav_logp, prox_logp, adv, eps_low: float, eps_high: float,
-                        dual_clip: float | None = None):
+def decoupled_surrogate(logp, behav_logp, prox_logp, adv, eps_low: float = 0.2,
+                        eps_high: float = 0.2, dual_clip: float | None = None, *, bounds=None):
   """Batch-size-invariant PPO (Hilton, Cobbe, Schulman 2021): the ratio pi / pi_prox is clipped
   around a proximal policy, and pi_prox / pi_behav re-weights the behaviour policy's samples.
   With pi_prox = pi_behav this is `clipped_surrogate`."""
   weight = jnp.exp(jax.lax.stop_gradient(prox_logp - behav_logp))
   loss, clipped = clipped_surrogate(logp, jax.lax.stop_gradient(prox_logp), adv, eps_low, eps_high,
-                                    dual_clip)
+                                    dual_clip, bounds=bounds)
   return weight * loss, clipped
 
 
@@ -53,7 +55,7 @@ def clipped_value_loss(values, old_values, returns, clip: float):
   """0.5 max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2), per token, and where the
   clipped term won. clip <= 0 turns clipping off."""
   unclipped = jnp.square(values - returns)
-  if clip <= 0:
+  if isinstance(clip, (int, float)) and clip <= 0:  # a traced clip is on (rl/ppo.CriticLoss)
     return 0.5 * unclipped, jnp.zeros_like(unclipped, bool)
   clipped_sq = jnp.square(old_values + jnp.clip(values - old_values, -clip, clip) - returns)
   # Inside the clip range the two terms are one number computed two ways: their order there

@@ -115,22 +115,36 @@ def schedule(cfg: Mapping[str, Any], lr: float, total_responses: float,
   return fn
 
 
+def runtime(cfg: Mapping[str, Any], scaled: Scaled) -> dict[str, float]:
+  """The optimizer's numbers that are arguments of the compiled update rather than constants of
+  it, so that runs differing only in them share one program: the peak rate after the scaling
+  rule, and the clip norm when clipping is on (0 removes the clip from the program)."""
+  out = {"lr": scaled.lr}
+  if cfg["grad_clip"]:
+    out["grad_clip"] = float(cfg["grad_clip"])
+  return out
+
+
 def make(cfg: Mapping[str, Any], *, batch: float, total_responses: float,
-         responses_per_step: float) -> tuple[optax.GradientTransformation, Scaled]:
+         responses_per_step: float,
+         values: Mapping[str, Any] | None = None) -> tuple[optax.GradientTransformation, Scaled]:
   """Clip by global norm, then AdamW with the scaled hyperparameters (injected, so logged).
 
   `batch`: responses per optimizer step; `responses_per_step`: responses consumed per optimizer
-  step (batch / num_epochs); `total_responses`: the run's length, where decay ends.
+  step (batch / num_epochs); `total_responses`: the run's length, where decay ends. `values`:
+  `runtime`'s numbers as the compiled update's arguments (traced); None: the config's, as
+  constants. The state's tree is the same either way.
   """
   s = scale(cfg, batch)
+  values = runtime(cfg, s) if values is None else values
   # float32 hyperparameters whatever the parameters' dtype: optax would keep them in it, and
   # b2 = 0.999 rounds to 1.0 in bfloat16, whose bias correction 1 - b2^t = 0 makes every
   # update NaN (float32 parameters: unchanged).
   adam = optax.inject_hyperparams(optax.adamw, hyperparam_dtype=jnp.float32)(
-      learning_rate=schedule(cfg, s.lr, total_responses, responses_per_step), b1=s.b1, b2=s.b2,
-      eps=s.eps, weight_decay=float(cfg["weight_decay"]))
-  clip = cfg["grad_clip"]
-  opt = optax.chain(optax.clip_by_global_norm(clip), adam) if clip else adam
+      learning_rate=schedule(cfg, values["lr"], total_responses, responses_per_step), b1=s.b1,
+      b2=s.b2, eps=s.eps, weight_decay=float(cfg["weight_decay"]))
+  opt = (optax.chain(optax.clip_by_global_norm(values["grad_clip"]), adam) if cfg["grad_clip"]
+         else adam)
   state_dtype = cfg["state_dtype"]
   if state_dtype not in STATE_DTYPES:
     raise ValueError(f"optim.state_dtype={state_dtype!r}; known: '', 'float32'")

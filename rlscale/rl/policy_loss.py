@@ -12,29 +12,44 @@ from rlscale.rl.losses import KL_ESTIMATORS, clipped_surrogate, decoupled_surrog
 from rlscale.rl.update import TokenInputs
 
 
-def make_policy_loss(rl: Mapping[str, Any], kl_in_loss: bool = True):
-  """loss(TokenInputs) -> (per-token loss, per-token metrics).
+class PolicyLoss:
+  """loss(TokenInputs, hyper=None) -> (per-token loss, per-token metrics).
 
   extras: `advantages` ([B] per response or [B, N] per token), `old_logp` [B, N] (the
   behaviour policy, the importance-sampling denominator) and, when rl.kl_coef > 0 and
   `kl_in_loss`, `ref_logp` [B, N]. With a proximal policy (TokenInputs.prox_logp) the clip is
   taken around it (batch-size-invariant PPO).
-  """
-  eps_low, eps_high = float(rl["clip_eps_low"]), float(rl["clip_eps_high"])
-  dual = float(rl["dual_clip"]) or None
-  kl_coef = float(rl["kl_coef"]) if kl_in_loss else 0.0
-  ent_coef = float(rl["entropy_coef"])
-  kl_fn = KL_ESTIMATORS.get(rl["kl_estimator"])
 
-  def loss(inp: TokenInputs):
+  `hyper` holds the numbers a sweep varies without changing shapes, as the compiled update's
+  arguments (rl/update.make_update): the ratio's clip bounds 1 - clip_eps_low and
+  1 + clip_eps_high (computed here in double precision, as the constants they replace were),
+  and the KL and entropy coefficients. A coefficient of 0 removes its term from the program;
+  `hyper=None` uses the config's values as constants.
+  """
+
+  def __init__(self, rl: Mapping[str, Any], kl_in_loss: bool = True):
+    self.dual = float(rl["dual_clip"]) or None
+    self.kl_fn = KL_ESTIMATORS.get(rl["kl_estimator"])
+    kl_coef = float(rl["kl_coef"]) if kl_in_loss else 0.0
+    ent_coef = float(rl["entropy_coef"])
+    self.hyper = {"ratio_low": 1.0 - float(rl["clip_eps_low"]),
+                  "ratio_high": 1.0 + float(rl["clip_eps_high"])}
+    if kl_coef:
+      self.hyper["kl_coef"] = kl_coef
+    if ent_coef:
+      self.hyper["entropy_coef"] = ent_coef
+
+  def __call__(self, inp: TokenInputs, hyper: Mapping[str, Any] | None = None):
+    h = self.hyper if hyper is None else hyper
+    bounds = (h["ratio_low"], h["ratio_high"])
     adv = inp.extras["advantages"]
     adv = adv[:, None] if adv.ndim == 1 else adv
     behav = inp.extras["old_logp"]
     if inp.prox_logp is None:
-      pg, clipped = clipped_surrogate(inp.logp, behav, adv, eps_low, eps_high, dual)
+      pg, clipped = clipped_surrogate(inp.logp, behav, adv, dual_clip=self.dual, bounds=bounds)
     else:
-      pg, clipped = decoupled_surrogate(inp.logp, behav, inp.prox_logp, adv, eps_low, eps_high,
-                                        dual)
+      pg, clipped = decoupled_surrogate(inp.logp, behav, inp.prox_logp, adv,
+                                        dual_clip=self.dual, bounds=bounds)
     log_ratio = inp.logp - behav
     ent = inp.entropy
     metrics = {"pg_loss": pg, "clip_frac": clipped.astype(jnp.float32),
@@ -43,12 +58,14 @@ def make_policy_loss(rl: Mapping[str, Any], kl_in_loss: bool = True):
     if inp.prox_logp is not None:
       metrics["prox_kl"] = 0.5 * jnp.square(inp.logp - inp.prox_logp)
     total = pg
-    if kl_coef:
-      kl = kl_fn(inp.logp, inp.extras["ref_logp"])
-      total = total + kl_coef * kl
+    if "kl_coef" in self.hyper:
+      kl = self.kl_fn(inp.logp, inp.extras["ref_logp"])
+      total = total + h["kl_coef"] * kl
       metrics["kl"] = kl
-    if ent_coef:
-      total = total - ent_coef * ent
+    if "entropy_coef" in self.hyper:
+      total = total - h["entropy_coef"] * ent
     return total, metrics
 
-  return loss
+
+def make_policy_loss(rl: Mapping[str, Any], kl_in_loss: bool = True) -> PolicyLoss:
+  return PolicyLoss(rl, kl_in_loss)

@@ -24,18 +24,26 @@ from rlscale.rl.policy_loss import make_policy_loss
 from rlscale.rl.update import ValueInputs, policy_forward, response_fn, value_forward
 
 
-def make_critic_loss(critic: Mapping[str, Any]):
-  """extras: `returns` [B, N] and `old_values` [B, N]."""
-  clip = float(critic["value_clip"])
+class CriticLoss:
+  """loss(ValueInputs, hyper=None): the clipped value loss; extras: `returns` [B, N] and
+  `old_values` [B, N]. `hyper` (the compiled update's arguments, rl/update.make_update) holds
+  the value clip when it is on (0 removes the clip from the program); None: the config's."""
 
-  def loss(inp: ValueInputs):
+  def __init__(self, critic: Mapping[str, Any]):
+    clip = float(critic["value_clip"])
+    self.hyper = {"value_clip": clip} if clip > 0 else {}
+
+  def __call__(self, inp: ValueInputs, hyper: Mapping[str, Any] | None = None):
+    clip = (self.hyper if hyper is None else hyper).get("value_clip", 0.0)
     vl, clipped = clipped_value_loss(inp.values, inp.extras["old_values"], inp.extras["returns"],
                                      clip)
     return vl, {"value_loss": vl, "value_clip_frac": clipped.astype(jnp.float32),
                 "value_mean": inp.values,
                 "value_abs_error": jnp.abs(inp.values - inp.extras["returns"])}
 
-  return loss
+
+def make_critic_loss(critic: Mapping[str, Any]) -> CriticLoss:
+  return CriticLoss(critic)
 
 
 def make_advantages(rl: Mapping[str, Any]):

@@ -31,9 +31,12 @@ class Trained:
     self.optim_cfg = optim_cfg
     self.lr_scale: float | None = None  # optim.lr_batch='effective': this step's (follow_batch)
     self.opt_batch = batch.minibatch  # responses per optimizer step
-    optimizer, self.scaled = optim.make(optim_cfg, batch=self.opt_batch,
-                                        total_responses=total_responses,
-                                        responses_per_step=self.opt_batch / batch.num_epochs)
+    sizes = dict(batch=self.opt_batch, total_responses=total_responses,
+                 responses_per_step=self.opt_batch / batch.num_epochs)
+    optimizer, self.scaled = optim.make(optim_cfg, **sizes)
+    # The numbers the compiled update takes as arguments (one program for every learning
+    # rate, clip and loss coefficient of a sweep): the optimizer's and the loss's.
+    self.hyper = {**optim.runtime(optim_cfg, self.scaled), **getattr(loss, "hyper", {})}
     logging.info("%s: %d responses per optimizer step, k=%.3g of the reference batch: lr %.3g, "
                  "b1 %.4g, b2 %.4g, eps %.3g", name, self.opt_batch, self.scaled.k,
                  self.scaled.lr, self.scaled.b1, self.scaled.b2, self.scaled.eps)
@@ -50,7 +53,9 @@ class Trained:
         self.shared or (bool(noise_cfg["prompt_level"]) and batch.microbatch % group_size == 0))
     self.noise = {u: noise_scale.NoiseScale(f"{name}/noise_{u}", noise_cfg["decay"])
                   for u in ("responses", "prompts")}
-    self.update = make_update(forward, optimizer, loss, num_minibatches=batch.num_minibatches,
+    self.update = make_update(forward, lambda values: optim.make(optim_cfg, **sizes,
+                                                                 values=values)[0],
+                              loss, num_minibatches=batch.num_minibatches,
                               num_epochs=batch.num_epochs, microbatch=batch.microbatch,
                               aggregation=aggregation, max_len=max_len, mesh=mesh, rules=rules,
                               group_size=group_size, measure_noise=self.measure_noise,
@@ -86,7 +91,7 @@ class Trained:
       demos = self.demos.batch(self.opt_steps_taken, n)
       self.opt_steps_taken += n
     self.state, metrics = self.update(self.state, batch, key, by_group and self.prompt_level,
-                                      demos, self.lr_scale)
+                                      demos, self.lr_scale, self.hyper)
     if self.lr_scale is not None:
       metrics = {**metrics, "lr_scale": self.lr_scale}
     if self.update.packer is not None:  # the packed rows per shard over the unpacked ones

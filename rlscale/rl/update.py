@@ -15,6 +15,7 @@ micro-batch's groups run their prompt once (models/shared_prompt.py).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -246,16 +247,20 @@ def apply_gradients(optimizer, state: TrainState, grads, prox_decay: float | Non
   return TrainState(params, opt_state, state.step + 1, prox)
 
 
-def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLoss,
-                *, num_minibatches: int, num_epochs: int, microbatch: int, aggregation: str,
-                max_len: int, mesh: Mesh, rules: sharding.Rules, shuffle: bool = True,
-                group_size: int = 1, measure_noise: bool = True, prox_decay: float | None = None,
-                ptx: tuple[float, TokenLoss] | None = None, count_rows: bool = False,
-                shared_prompt: int = 1, pack: bool = False):
+def make_update(forward, optimizer, loss: TokenLoss, *, num_minibatches: int, num_epochs: int,
+                microbatch: int, aggregation: str, max_len: int, mesh: Mesh, rules: sharding.Rules,
+                shuffle: bool = True, group_size: int = 1, measure_noise: bool = True,
+                prox_decay: float | None = None, ptx: tuple[float, TokenLoss] | None = None,
+                count_rows: bool = False, shared_prompt: int = 1, pack: bool = False):
   """An `Update`: `update(state, batch, key, by_group=False) -> (state, metrics)`.
 
   `forward(params, micro_batch, prox_params)` gives the loss its inputs (policy_forward,
-  value_forward). Metrics: the loss's per-token metrics as token means over each mini-batch,
+  value_forward). `optimizer` is an optax transformation, or `optimizer(hyper)` makes one from
+  the update's `hyper` argument (rl/optim.make's `values`); a `loss` with a `hyper` attribute
+  is called `loss(inputs, hyper)` when the update is given one. `hyper` is a dict of scalars the
+  update takes as arguments, not constants: runs that differ only in them (the learning rate,
+  the clip, the loss coefficients) share one compiled program. Metrics: the loss's per-token
+  metrics as token means over each mini-batch,
   averaged over the optimizer steps; `grad_norm` (before clipping) mean and max over the
   optimizer steps; `noise/grad_sq_small`, `noise/grad_sq_big` (means over the optimizer steps)
   with the batch sizes they belong to (micro-batch and mini-batch rows). With a single
@@ -283,6 +288,7 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
                            microbatch=microbatch, shards=sharding.batch_divisor(mesh, rules),
                            group=group_size) if pack else None)
   by_group_always = shared_prompt > 1
+  make_optimizer = optimizer if callable(optimizer) else (lambda hyper: optimizer)
 
   def perms(key, by_group):
     """[E, B]: each epoch's row order (shared-prompt training: always by whole groups)."""
@@ -292,9 +298,7 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
       return permutation(jax.random.fold_in(key, epoch), rows, group_size,
                          True if by_group_always else by_group)
     return lambda rows: jnp.stack([one(e, rows) for e in range(num_epochs)])
-  grad_fn = micro_grad_fn(forward, loss, shared_prompt, pack)
   ptx_grad = None if ptx is None else micro_grad_fn(forward, ptx[1])
-  lr_scale = None  # the traced scale of the update being traced (optim.lr_batch='effective')
 
   def add_ptx(params, grads, demo: SequenceBatch, metrics):
     """grads + coef x the demonstrations' gradient, with the ptx metrics."""
@@ -304,53 +308,59 @@ def make_update(forward, optimizer: optax.GradientTransformation, loss: TokenLos
                    grad_norm_rl=jnp.sqrt(sq_norm(grads)))
     return jax.tree.map(lambda a, b: a + ptx[0] * b, grads, g)
 
-  def minibatch_step(state: TrainState, xs):
-    mb, demo, pk = xs  # pk: this mini-batch's packing [micro-batches, S, ...], or None
-    rows = mb.tokens.shape[0]
-    w = token_weights(mb.resp_mask, aggregation, max_len)
-    mw = token_weights(mb.resp_mask, "token-mean", max_len)  # metrics: token means
-    n_micro = rows // microbatch
-    split = lambda x: x.reshape((n_micro, microbatch) + x.shape[1:])
-    micro = jax.tree.map(split, (mb, w, mw)) + (pk,)
-    shares = microbatch_shares(micro[0].resp_mask, micro[1], aggregation, max_len)
-    grads, values, metrics, small_sq = accumulate(
-        lambda p, x: grad_fn(p, x, state.prox), state.params, micro, shares,
-        measure_noise and n_micro > 1)
-    big_sq = sq_norm(grads)
-    metrics = {k: jnp.sum(v) for k, v in metrics.items()}
-    if demo is not None:
-      grads = add_ptx(state.params, grads, demo, metrics)
-    metrics.update(loss=jnp.sum(values),
-                   grad_norm=jnp.sqrt(big_sq if demo is None else sq_norm(grads)))
-    if n_micro > 1 and measure_noise:
-      metrics.update({"noise/grad_sq_small": small_sq, "noise/grad_sq_big": big_sq})
-      if count_rows:
-        metrics.update(_row_counts(micro[0].resp_mask, shares))
-    new = apply_gradients(optimizer, state, grads, prox_decay, lr_scale)
-    if count_rows:  # a mini-batch of rows without loss: no step at all
-      live = jnp.any(mb.resp_mask)
-      new = jax.tree.map(lambda a, b: jnp.where(live, a, b), new, state)
-    return new, metrics
+  def minibatch_step(grad_fn, opt, lr_scale):
+    """One optimizer step over a mini-batch, for lax.scan; `grad_fn`, `opt` and `lr_scale` are
+    those of the update being traced (they may hold its traced arguments)."""
+    def step(state: TrainState, xs):
+      mb, demo, pk = xs  # pk: this mini-batch's packing [micro-batches, S, ...], or None
+      rows = mb.tokens.shape[0]
+      w = token_weights(mb.resp_mask, aggregation, max_len)
+      mw = token_weights(mb.resp_mask, "token-mean", max_len)  # metrics: token means
+      n_micro = rows // microbatch
+      split = lambda x: x.reshape((n_micro, microbatch) + x.shape[1:])
+      micro = jax.tree.map(split, (mb, w, mw)) + (pk,)
+      shares = microbatch_shares(micro[0].resp_mask, micro[1], aggregation, max_len)
+      grads, values, metrics, small_sq = accumulate(
+          lambda p, x: grad_fn(p, x, state.prox), state.params, micro, shares,
+          measure_noise and n_micro > 1)
+      big_sq = sq_norm(grads)
+      metrics = {k: jnp.sum(v) for k, v in metrics.items()}
+      if demo is not None:
+        grads = add_ptx(state.params, grads, demo, metrics)
+      metrics.update(loss=jnp.sum(values),
+                     grad_norm=jnp.sqrt(big_sq if demo is None else sq_norm(grads)))
+      if n_micro > 1 and measure_noise:
+        metrics.update({"noise/grad_sq_small": small_sq, "noise/grad_sq_big": big_sq})
+        if count_rows:
+          metrics.update(_row_counts(micro[0].resp_mask, shares))
+      new = apply_gradients(opt, state, grads, prox_decay, lr_scale)
+      if count_rows:  # a mini-batch of rows without loss: no step at all
+        live = jnp.any(mb.resp_mask)
+        new = jax.tree.map(lambda a, b: jnp.where(live, a, b), new, state)
+      return new, metrics
+    return step
 
   def update(state: TrainState, batch: SequenceBatch, perms, demos=None, packs=None,
-             scale=None):
+             scale=None, hyper=None):
     """perms [E, B]: each epoch's row order (Update.perms); packs: the step's packing
-    [E, M, m, S, ...] (rl/packing.py) or None."""
+    [E, M, m, S, ...] (rl/packing.py) or None; hyper: the scalars the optimizer and the loss
+    take as arguments, or None."""
     with sharding.activation_sharding(mesh, rules):
       rows = batch.tokens.shape[0]
       mb_rows = rows // num_minibatches
       if demos is not None:  # one block of rows per optimizer step, in order
         per = (num_epochs, num_minibatches, demos.tokens.shape[0] // num_epochs // num_minibatches)
         demos = jax.tree.map(lambda x: x.reshape(per + x.shape[1:]), demos)
-      nonlocal lr_scale
-      lr_scale = scale
+      loss_fn = loss if hyper is None else functools.partial(loss, hyper=hyper)
+      step = minibatch_step(micro_grad_fn(forward, loss_fn, shared_prompt, pack),
+                            make_optimizer(hyper), scale)
       step_metrics = []
       for epoch in range(num_epochs):
         shuffled = jax.tree.map(lambda x: jnp.take(x, perms[epoch], axis=0), batch)
         mbs = jax.tree.map(lambda x: x.reshape((num_minibatches, mb_rows) + x.shape[1:]), shuffled)
         epoch_demos = None if demos is None else jax.tree.map(lambda x: x[epoch], demos)
         epoch_packs = None if packs is None else jax.tree.map(lambda x: x[epoch], packs)
-        state, metrics = jax.lax.scan(minibatch_step, state, (mbs, epoch_demos, epoch_packs))
+        state, metrics = jax.lax.scan(step, state, (mbs, epoch_demos, epoch_packs))
         step_metrics.append(metrics)
       metrics = jax.tree.map(lambda *xs: jnp.concatenate(xs), *step_metrics)
       out = {k: jnp.mean(v) for k, v in metrics.items()}
@@ -419,9 +429,11 @@ class Update:
     return perms, None if packs is None else self._host.place(packs, 3)
 
   def __call__(self, state: TrainState, batch: SequenceBatch, key, by_group: bool = False,
-               demos: SequenceBatch | None = None, lr_scale: float | None = None):
+               demos: SequenceBatch | None = None, lr_scale: float | None = None,
+               hyper: dict[str, Any] | None = None):
     """One update; `demos` are the PPO-ptx rows of its optimizer steps (make_update's `ptx`);
-    `lr_scale` multiplies its updates (given on every call of a run, or on none)."""
+    `lr_scale` multiplies its updates (given on every call of a run, or on none); `hyper`: the
+    scalars make_update's optimizer and loss take as arguments (on every call, or on none)."""
     shard = lambda tree: jax.tree.map(
         lambda x: sharding.batch_sharding(self.mesh, x.ndim, self.rules), tree)
     batch_sh, demos_sh = shard(batch), shard(demos)
@@ -435,13 +447,14 @@ class Update:
         self.traces += 1
         return self._fn(*args)
 
-      scale_sh = () if lr_scale is None else (rep,)
       rules = self.rules or dict(sharding.DEFAULT_RULES)
       # The plan's arrays [E, M, m, S, ...]: axis S over the batch axes (a prefix of each).
       packs_sh = NamedSharding(self.mesh, sharding.logical_to_spec(
           (None, None, None, "batch"), None, self.mesh, rules))
       self._jitted = jax.jit(counted, donate_argnums=0,
-                             in_shardings=(state_sh, batch_sh, rep, demos_sh, packs_sh) + scale_sh,
+                             in_shardings=(state_sh, batch_sh, rep, demos_sh, packs_sh, rep, rep),
                              out_shardings=(state_sh, rep))
-    scale = () if lr_scale is None else (jnp.asarray(lr_scale, jnp.float32),)
-    return self._jitted(state, batch, perms, demos, packs, *scale)
+    scale = None if lr_scale is None else jnp.asarray(lr_scale, jnp.float32)
+    if hyper is not None:
+      hyper = {k: np.asarray(v, np.float32) for k, v in hyper.items()}
+    return self._jitted(state, batch, perms, demos, packs, scale, hyper)

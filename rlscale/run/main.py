@@ -38,6 +38,8 @@ _ALLOW = flags.DEFINE_list("allow_config_change", [], "fields a resumed run may 
 def main(argv):
   del argv
   preemption.install()  # SIGTERM, SIGUSR2: finish the step, save it, exit with EXIT_REQUEUE
+  from rlscale.metrics import compiles
+  compiles.install()  # what this process compiles, in summary.json
   # After absl parsed flags: JAX starts here.
   from rlscale.parallel import distributed
   from rlscale.run import logs

@@ -15,7 +15,7 @@ import ml_collections
 from absl import logging
 
 from rlscale.resolve import experiment, resolved
-from rlscale.run import base_policy, workdir_lock
+from rlscale.run import base_policy, compile_cache, workdir_lock
 from rlscale.trainer import rl_trainer, sft_trainer
 
 
@@ -32,6 +32,8 @@ def main(cfg: ml_collections.ConfigDict, workdir: str | None = None,
   build (or find) the policy the run starts from: {"base_policy": its folder}."""
   if workdir is None:  # an empty one given is an error of the resolve step
     workdir = default_workdir(cfg, config_file)
+  # Before anything compiles: the points of a sweep share their compiled programs.
+  compile_cache.enable(cfg.init.cache_dir if "init" in cfg else "runs/base")
   # Every field checked; meshes, task, model config, the plan (and an SFT base's recipe) built.
   # A run directory holding another config's checkpoints is refused here too.
   run = resolved.resolve(cfg, workdir, config_file, allow_config_change=allow_config_change)

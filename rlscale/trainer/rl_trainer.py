@@ -28,6 +28,7 @@ from flax import nnx
 from rlscale.plan import batch
 from rlscale.parallel import distributed
 from rlscale.resolve import resolved
+from rlscale.metrics import compiles
 from rlscale.metrics import flops
 from rlscale.metrics import memory_report
 from rlscale.parallel import roles
@@ -387,6 +388,7 @@ class RLTrainer:
       out["generation_batch_fit"] = self.generation_fit
     if getattr(self.env.task, "data_report", None):  # prompt files: rows read, skipped, used
       out["data"] = self.env.task.data_report
+    out["compile"] = compiles.stats()  # this process's: programs, seconds, cache hits
     out["compilations"] = summary.compilations(self.workdir, {
         **{n: m.update.traces for n, m in self.algo.models.items()},
         "sampler": self.sampler.traces,
