@@ -158,14 +158,17 @@ class Checkpointer:
                         "layout (%s)", step, len(unchecked), ", ".join(unchecked[:5]))
     return state, meta
 
-  def restore_latest(self, like: Any) -> tuple[int | None, Any, dict[str, Any]]:
-    """The newest intact step: (step, state, meta), or (None, None, {}) when there is none.
+  def restore_latest(self, like: Any,
+                     at_most: int | None = None) -> tuple[int | None, Any, dict[str, Any]]:
+    """The newest intact step (no later than `at_most`): (step, state, meta), or (None, None,
+    {}) when there is none.
 
     A damaged step gets one warning line naming the array and the damage, and is moved to
     `<directory>/damaged/` (so the resumed run can save that step number again); the next
     older step is tried.
     """
-    steps = sorted(self._manager.all_steps(), reverse=True)
+    steps = sorted((s for s in self._manager.all_steps() if at_most is None or s <= at_most),
+                   reverse=True)
     for i, step in enumerate(steps):
       try:
         state, meta = self.restore(step, like)

@@ -165,6 +165,14 @@ def _train(errors: list[str], cfg) -> None:
     if e.greedy is False and e.sampled is False and e.get("reference") is not True:
       errors.append("eval.greedy=False with eval.sampled=False: the held-out set would never "
                     "be scored; keep one of them (or eval.reference=True)")
+  if "adaptive" in e:
+    boolean(errors, "eval.adaptive", e.adaptive)
+    number(errors, "eval.adaptive_z", e.adaptive_z, "> 0 (standard errors)", lambda v: v > 0)
+    metric = cfg.get("target", {}).get("metric") if cfg.kind != "sft" else None
+    if e.adaptive is True and metric not in ("eval/accuracy_sampled", "eval/accuracy_greedy"):
+      errors.append(f"eval.adaptive=True with target.metric={metric!r}: an evaluation in "
+                    f"stages settles the target's side on an accuracy (eval/accuracy_sampled "
+                    f"or eval/accuracy_greedy)")
 
 
 def _rollout(errors: list[str], cfg) -> None:

@@ -246,6 +246,13 @@ def evaluation() -> ml_collections.ConfigDict:
   # writing exactly it), free of sampling noise (launch/cbs_probe.py's progress measure).
   c.reference = False
   c.generation_batch = 512  # held-out rows per compiled decode call
+  # Evaluation in stages (rlscale/trainer/evaluation.Stop), for studies: score the first
+  # generation batch of the held-out set, then 2x, 4x, ... the rows, and stop once the target
+  # metric lies more than adaptive_z standard errors from target.value; once the run has
+  # reached its target, the first stage only. Each evaluation logs eval/rows, the problems
+  # it rests on. False: the whole set every time.
+  c.adaptive = False
+  c.adaptive_z = 2.0
   return c
 
 

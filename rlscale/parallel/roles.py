@@ -69,16 +69,19 @@ def role_devices(sampler_devices: int) -> tuple[list[jax.Device], list[jax.Devic
   return trainer, sampler
 
 
-def make_meshes(mesh_cfg, errors: list[str] | None = None) -> Meshes | None:
+def make_meshes(mesh_cfg, errors: list[str] | None = None,
+                devices: list[jax.Device] | None = None) -> Meshes | None:
   """The trainer's and the sampler's meshes of the config's mesh section: a ValueError naming
-  each bad field, or, given a list of `errors`, those appended and None."""
-  bad = _role_errors(mesh_cfg, jax.device_count(), jax.process_count())
+  each bad field, or, given a list of `errors`, those appended and None. `devices`: the run's
+  own (one lane of runs side by side), colocated; None: every device."""
+  count = jax.device_count() if devices is None else len(devices)
+  bad = _role_errors(mesh_cfg, count, jax.process_count())
   meshes = []
   if not bad:
     split = mesh_cfg["roles"] == "split"
     parts = (zip(("mesh.shape", "mesh.sampler_shape"), (mesh_cfg.shape, mesh_cfg.sampler_shape),
                  role_devices(mesh_cfg.sampler_devices)) if split
-             else [("mesh.shape", mesh_cfg.shape, jax.devices())])
+             else [("mesh.shape", mesh_cfg.shape, devices or jax.devices())])
     for field, shape, devices in parts:
       try:
         meshes.append(sharding.make_mesh(shape, devices, field))

@@ -175,8 +175,8 @@ def activation_sharding(mesh: Mesh | None, rules: Rules | None = None):
 
 def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
   ctx = _CONTEXT.get()
-  if ctx is None:
-    return x
+  if ctx is None or ctx[0].size == 1:  # one device: nothing to place (and, inside runs side
+    return x                           # by side, a lane's own mesh is not the program's)
   mesh, rules = ctx
   return jax.lax.with_sharding_constraint(x, named_sharding(logical, x.shape, mesh, rules))
 

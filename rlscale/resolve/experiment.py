@@ -44,7 +44,8 @@ def model_config(cfg: ml_collections.ConfigDict) -> models.ModelConfig:
   return models.from_config_dict(m)
 
 
-def setup(cfg: ml_collections.ConfigDict, errors: list[str] | None = None) -> Setup:
+def setup(cfg: ml_collections.ConfigDict, errors: list[str] | None = None,
+          devices: list | None = None) -> Setup:
   """The run's meshes, sharding rules, model config and task, each built once.
 
   Without `errors` a part that cannot be built raises ValueError. With it (the resolve step's
@@ -53,7 +54,7 @@ def setup(cfg: ml_collections.ConfigDict, errors: list[str] | None = None) -> Se
   that reads data (files, tfds, reasoning-gym) is built only for a config with no error.
   """
   own = [] if errors is None else errors
-  meshes = roles.make_meshes(cfg.mesh, own)
+  meshes = roles.make_meshes(cfg.mesh, own, devices)  # devices: a lane's (runs side by side)
   try:
     rules = sharding.rules_from_config(cfg.mesh.rules)
   except (ValueError, TypeError) as e:

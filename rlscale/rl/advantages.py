@@ -52,8 +52,8 @@ def token_rewards(score_B, mask_BxN, kl_BxN=None, kl_coef: float = 0.0):
   last = jnp.sum(m, axis=-1).astype(jnp.int32) - 1
   onehot = jax.nn.one_hot(jnp.maximum(last, 0), m.shape[-1]) * (last >= 0)[:, None]
   r = onehot * score_B[:, None]
-  if kl_BxN is not None and kl_coef:
-    r = r - kl_coef * kl_BxN * m
+  if kl_BxN is not None and not (isinstance(kl_coef, (int, float)) and kl_coef == 0):
+    r = r - kl_coef * kl_BxN * m  # kl_coef may be an argument of the compiled function
   return r * m
 
 

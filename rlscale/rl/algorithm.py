@@ -37,13 +37,34 @@ ALGORITHMS = Registry("algorithm")
 
 @dataclasses.dataclass
 class Context:
-  """What an algorithm is built from."""
+  """What an algorithm is built from.
+
+  Runs side by side (`lanes`, rlscale/parallel/lanes.py): `cfg` is the first lane's config,
+  `lane_cfgs` every lane's (they differ only in numbers the programs take as arguments, and
+  the seed), `params` carries the lane axis; an algorithm builds per-lane values with
+  `configs()` and `stack`, and its own compiled functions with `jit`.
+  """
   cfg: ml_collections.ConfigDict
   plan: BatchPlan
   env: Any  # experiment.Setup: mesh, rules, task, model config
   graphdef: nnx.GraphDef  # the policy's
   params: nnx.State  # the policy's, as loaded from the base
   base: str  # the base policy's Hugging Face folder (a critic may start from it)
+  lanes: Any = None
+  lane_cfgs: tuple = ()
+
+  def configs(self) -> list:
+    """Each run's config: one, or one per lane."""
+    return list(self.lane_cfgs) if self.lanes is not None else [self.cfg]
+
+  def stack(self, trees: list) -> Any:
+    """Per-run values (one per `configs()`) as the algorithm holds them."""
+    return trees[0] if self.lanes is None else self.lanes.stack(trees)
+
+  def jit(self, fn, lane_args: tuple[bool, ...]):
+    """`fn` compiled: jax.jit, or mapped over the lanes (argument i per lane when
+    lane_args[i], else shared)."""
+    return jax.jit(fn) if self.lanes is None else self.lanes.map(fn, lane_args)
 
 
 class Algorithm(Protocol):
@@ -98,17 +119,33 @@ def batch_group(ctx: Context) -> int:
   return g if g > 1 and (plan.responses // plan.shards) % g == 0 else 1
 
 
-def trained_model(ctx: Context, name: str, forward, loss, params, optim_cfg, prox_com: float = 0.0):
-  """A `Trained` model sized by the plan's batch for `name` ("actor", "critic")."""
+def trained_model(ctx: Context, name: str, forward, loss, params, optim_cfg,
+                  prox_com: float = 0.0, *, per_run=None):
+  """A `Trained` model sized by the plan's batch for `name` ("actor", "critic"), with `loss`
+  and the optimizer section `optim_cfg` of ctx.cfg. For runs side by side, `per_run(cfg)`
+  gives (loss, optimizer section) from each lane's config, whose numbers become the lanes'
+  arguments; without it, lanes that differ in more than their seed are refused."""
   from rlscale.rl.trained import Trained
   cfg = ctx.cfg
   coef = float(cfg.rl.ptx_coef) if name == "actor" else 0.0
+  setup = None
+  if ctx.lanes is not None:
+    if per_run is None:
+      seedless = [{**c.to_dict(), "seed": 0} for c in ctx.configs()]
+      if any(d != seedless[0] for d in seedless):
+        raise ValueError(f"kind={cfg.kind!r}: its {name} does not say how its loss and "
+                         f"optimizer follow each run's config (trained_model's per_run); runs "
+                         f"side by side of it must differ in their seed only")
+      setup = [(loss, optim_cfg)] * len(ctx.lanes)
+    else:
+      setup = [per_run(c) for c in ctx.configs()]
   return Trained(name, forward, loss, params, optim_cfg, batch=ctx.plan.models[name],
                  group_size=ctx.plan.group_size, total_responses=ctx.plan.total_responses,
                  aggregation=cfg.rl.loss_aggregation, max_len=cfg.rollout.max_new_tokens,
                  mesh=ctx.env.mesh, rules=ctx.env.rules, noise_cfg=cfg.noise, prox_com=prox_com,
                  ptx_coef=coef, demos=demonstrations(ctx) if coef else None,
-                 count_rows=bool(cfg.rollout.dynamic_sampling))
+                 count_rows=bool(cfg.rollout.dynamic_sampling), lanes=ctx.lanes,
+                 lane_setup=setup)
 
 
 def demonstrations(ctx: Context):

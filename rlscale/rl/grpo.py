@@ -37,13 +37,15 @@ class GRPO:
     forward = policy_forward(ctx.graphdef, chunk=ctx.cfg.train.logprob_chunk,
                              remat=ctx.cfg.train.remat)
     self.actor = algorithm.trained_model(ctx, "actor", forward, make_policy_loss(r), ctx.params,
-                                         ctx.cfg.optim)
+                                         ctx.cfg.optim,
+                                         per_run=lambda c: (make_policy_loss(c.rl), c.optim))
     self.models = {"actor": self.actor}
     self.ref_params = jax.tree.map(jnp.copy, ctx.params) if r.kl_coef else None
     self.logprobs = response_fn(forward, "logp", ctx.env.mesh, ctx.env.rules,
-                                algorithm.batch_group(ctx), ctx.plan.main.pack)
+                                algorithm.batch_group(ctx), ctx.plan.main.pack, ctx.lanes)
     advantage, g = ADVANTAGES.get(r.advantage), r.group_size
-    self.advantages = jax.jit(lambda scores: advantage(scores.reshape(-1, g)).reshape(-1))
+    self.advantages = ctx.jit(lambda scores: advantage(scores.reshape(-1, g)).reshape(-1),
+                              (True,))
 
   def prepare(self, batch, sample_logp, scores):
     batch.extras["advantages"] = self.advantages(scores)

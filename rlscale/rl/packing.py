@@ -76,19 +76,32 @@ class Packer:
     return sorted({max(1, math.ceil(self.rows * k / BUCKETS)) for k in range(1, BUCKETS)}
                   - {self.rows})
 
-  def plan(self, lengths: np.ndarray, perms: np.ndarray, width: int) -> Packing | None:
-    """The step's packing, arrays [E, M, m, S, ...] (epochs, mini-batches, micro-batches),
-    or None when no bucket holds the fullest micro-batch (the update runs unpacked).
-    `lengths` [B] from input_lengths, `perms` [E, B] the epochs' row orders, `width` n - 1."""
+  def _slots(self, lengths: np.ndarray, perms: np.ndarray, width: int):
     e, b = perms.shape
-    if width < 1:  # responses of one token: no response position is an input
-      return None
     lens = np.minimum(np.asarray(lengths)[np.asarray(perms)], width)
     shape = (e, self.minibatches, b // self.minibatches // self.micro, self.shards,
              self.rows // self.group, self.group)
     lens = lens.reshape(shape)
-    slots = [_first_fit(cell, width) for cell in lens.reshape((-1,) + shape[-2:])]
-    need = max(len(rows) for _, rows in slots)
+    return shape, [_first_fit(cell, width) for cell in lens.reshape((-1,) + shape[-2:])]
+
+  def need(self, lengths: np.ndarray, perms: np.ndarray, width: int) -> int:
+    """The packed rows per shard the fullest micro-batch of the step takes (`plan`'s
+    arguments); the unpacked rows when nothing is packed (responses of one token)."""
+    if width < 1:
+      return self.rows
+    return max(len(rows) for _, rows in self._slots(lengths, perms, width)[1])
+
+  def plan(self, lengths: np.ndarray, perms: np.ndarray, width: int,
+           at_least: int = 0) -> Packing | None:
+    """The step's packing, arrays [E, M, m, S, ...] (epochs, mini-batches, micro-batches),
+    or None when no bucket holds the fullest micro-batch (the update runs unpacked).
+    `lengths` [B] from input_lengths, `perms` [E, B] the epochs' row orders, `width` n - 1;
+    `at_least`: the smallest bucket to use (runs side by side share one: the largest `need`
+    of their steps)."""
+    if width < 1:  # responses of one token: no response position is an input
+      return None
+    shape, slots = self._slots(lengths, perms, width)
+    need = max([len(rows) for _, rows in slots] + [at_least])
     fits = [r for r in self.buckets() if r >= need]
     if not fits:
       return None

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from rlscale import models
@@ -47,13 +48,14 @@ def make_critic_loss(critic: Mapping[str, Any]) -> CriticLoss:
 
 
 def make_advantages(rl: Mapping[str, Any]):
-  """jit(scores, resp_mask, values, old_logp, ref_logp) -> (advantages, returns, stats)."""
+  """advantages(scores, resp_mask, values, old_logp, ref_logp, kl_coef) -> (advantages,
+  returns, stats), to compile (jax.jit, or Context.jit); kl_coef (an argument, not a constant)
+  weighs the KL penalty in the token rewards when there are reference log-probs."""
   kl_fn = KL_ESTIMATORS.get(rl["kl_estimator"])
 
-  @jax.jit
-  def advantages(scores, resp_mask, values, old_logp, ref_logp):
+  def advantages(scores, resp_mask, values, old_logp, ref_logp, kl_coef):
     kl = None if ref_logp is None else kl_fn(old_logp, ref_logp)
-    rewards = token_rewards(scores, resp_mask, kl, rl["kl_coef"])
+    rewards = token_rewards(scores, resp_mask, kl, kl_coef)
     adv, returns = gae(rewards, values, resp_mask, rl["gamma"], rl["lam"])
     if rl["whiten_advantages"]:
       adv = whiten(adv, resp_mask)
@@ -107,23 +109,28 @@ class PPO:
     self.rl, self.warmup_steps = r, c.warmup_steps
     forward = policy_forward(ctx.graphdef, chunk=cfg.train.logprob_chunk,
                              remat=cfg.train.remat)
-    self.actor = algorithm.trained_model(ctx, "actor", forward, make_policy_loss(r, False),
-                                         ctx.params, cfg.optim, prox_com=self.prox_com)
-    critic, _ = hf.load_model(c.hf_checkpoint or ctx.base, models.ValueModel, env.mesh,
-                              env.rules, key=jax.random.key(cfg.seed + 1), dtype=cfg.model.dtype,
-                              param_dtype=cfg.model.param_dtype)
-    critic_graphdef, critic_params = nnx.split(critic)
+    self.actor = algorithm.trained_model(
+        ctx, "actor", forward, make_policy_loss(r, False), ctx.params, cfg.optim,
+        prox_com=self.prox_com, per_run=lambda cf: (make_policy_loss(cf.rl, False), cf.optim))
+    critics = [nnx.split(hf.load_model(c.hf_checkpoint or ctx.base, models.ValueModel, env.mesh,
+                                       env.rules, key=jax.random.key(cf.seed + 1),
+                                       dtype=cfg.model.dtype,
+                                       param_dtype=cfg.model.param_dtype)[0])
+               for cf in ctx.configs()]  # each run's head from its own seed
+    critic_graphdef = critics[0][0]
     critic_forward = value_forward(critic_graphdef, remat=cfg.train.remat)
-    self.critic = algorithm.trained_model(ctx, "critic", critic_forward, make_critic_loss(c),
-                                          critic_params, c.optim)
+    self.critic = algorithm.trained_model(
+        ctx, "critic", critic_forward, make_critic_loss(c), ctx.stack([p for _, p in critics]),
+        c.optim, per_run=lambda cf: (make_critic_loss(cf.critic), cf.critic.optim))
     self.models = {"actor": self.actor, "critic": self.critic}
     self.ref_params = jax.tree.map(jnp.copy, ctx.params) if r.kl_coef else None
     group = algorithm.batch_group(ctx)
     pack = ctx.plan.main.pack
-    self.logprobs = response_fn(forward, "logp", env.mesh, env.rules, group, pack)
+    self.logprobs = response_fn(forward, "logp", env.mesh, env.rules, group, pack, ctx.lanes)
     self.values = response_fn(value_forward(critic_graphdef), "values", env.mesh, env.rules, group,
-                              pack)
-    self.advantages = make_advantages(r)
+                              pack, ctx.lanes)
+    self.advantages = ctx.jit(make_advantages(r), (True,) * 6)
+    self.kl_coef = ctx.stack([np.float32(cf.rl.kl_coef) for cf in ctx.configs()])
 
   def prepare(self, batch, sample_logp, scores):
     """Old values, (reference log-probs), advantages and returns; the stats stay on the device."""
@@ -133,7 +140,8 @@ class PPO:
       old_logp = self.logprobs(self.actor.params, batch)
     values = self.values(self.critic.params, batch)
     ref = self.logprobs(self.ref_params, batch) if self.ref_params is not None else None
-    adv, returns, stats = self.advantages(scores, batch.resp_mask, values, old_logp, ref)
+    adv, returns, stats = self.advantages(scores, batch.resp_mask, values, old_logp, ref,
+                                          self.kl_coef)
     batch.extras.update(advantages=adv, old_logp=old_logp, old_values=values, returns=returns)
     jax.block_until_ready(adv)  # the phase's own time; nothing is copied to the host
     return {"logprobs": time.time() - t}, stats

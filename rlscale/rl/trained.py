@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from absl import logging
 
 from rlscale.rl import optim
@@ -25,9 +26,14 @@ class Trained:
   def __init__(self, name: str, forward, loss, params, optim_cfg: Mapping[str, Any], *,
                batch: ModelBatch, group_size: int, total_responses: int, aggregation: str,
                max_len: int, mesh, rules, noise_cfg: Mapping[str, Any], prox_com: float = 0.0,
-               ptx_coef: float = 0.0, demos=None, count_rows: bool = False):
-    """`count_rows`: the step's batch may hold rows without loss (dynamic sampling)."""
+               ptx_coef: float = 0.0, demos=None, count_rows: bool = False, lanes=None,
+               lane_setup: list | None = None):
+    """`count_rows`: the step's batch may hold rows without loss (dynamic sampling). `lanes`:
+    runs side by side (rlscale/parallel/lanes.py), `params` with the lane axis and
+    `lane_setup` each lane's (loss, optimizer section): their numbers are the update's
+    per-lane arguments, the first lane's sizes everyone's."""
     self.name, self.batch, self.group_size = name, batch, group_size
+    self.lanes = lanes
     self.optim_cfg = optim_cfg
     self.lr_scale: float | None = None  # optim.lr_batch='effective': this step's (follow_batch)
     self.opt_batch = batch.minibatch  # responses per optimizer step
@@ -36,7 +42,12 @@ class Trained:
     optimizer, self.scaled = optim.make(optim_cfg, **sizes)
     # The numbers the compiled update takes as arguments (one program for every learning
     # rate, clip and loss coefficient of a sweep): the optimizer's and the loss's.
-    self.hyper = {**optim.runtime(optim_cfg, self.scaled), **getattr(loss, "hyper", {})}
+    hyper_of = lambda lo, oc: {**optim.runtime(oc, optim.make(oc, **sizes)[1]),
+                               **getattr(lo, "hyper", {})}
+    self.hyper = hyper_of(loss, optim_cfg)
+    if lanes is not None:  # each lane's, on its device
+      self.hyper = lanes.stack([{k: np.float32(v) for k, v in hyper_of(lo, oc).items()}
+                                for lo, oc in lane_setup])
     logging.info("%s: %d responses per optimizer step, k=%.3g of the reference batch: lr %.3g, "
                  "b1 %.4g, b2 %.4g, eps %.3g", name, self.opt_batch, self.scaled.k,
                  self.scaled.lr, self.scaled.b1, self.scaled.b2, self.scaled.eps)
@@ -51,8 +62,10 @@ class Trained:
     self.shared = batch.shared_prompt > 1
     self.prompt_level = self.measure_noise and (
         self.shared or (bool(noise_cfg["prompt_level"]) and batch.microbatch % group_size == 0))
-    self.noise = {u: noise_scale.NoiseScale(f"{name}/noise_{u}", noise_cfg["decay"])
-                  for u in ("responses", "prompts")}
+    # B_simple's running averages, per lane (one for a run alone).
+    self.noises = [{u: noise_scale.NoiseScale(f"{name}/noise_{u}", noise_cfg["decay"])
+                    for u in ("responses", "prompts")} for _ in range(len(lanes or [0]))]
+    self.noise = self.noises[0]
     self.update = make_update(forward, lambda values: optim.make(optim_cfg, **sizes,
                                                                  values=values)[0],
                               loss, num_minibatches=batch.num_minibatches,
@@ -62,11 +75,15 @@ class Trained:
                               prox_decay=self.prox_decay,
                               ptx=(ptx_coef, ptx.nll) if demos is not None else None,
                               count_rows=count_rows, shared_prompt=batch.shared_prompt,
-                              pack=batch.pack)
+                              pack=batch.pack, lanes=lanes)
     self.demos, self.opt_steps_taken = demos, None  # PPO-ptx rows (rl/ptx.py), or None
     prox = jax.tree.map(jnp.copy, params) if self.prox_decay is not None else None
-    self.state = self.update.place(
-        TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32), prox))
+    if lanes is None:
+      self.state = self.update.place(
+          TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32), prox))
+    else:
+      init = lambda p: TrainState(p, optimizer.init(p), jnp.zeros((), jnp.int32), None)
+      self.state = lanes.map(init, (True,), name="init")(params)._replace(prox=prox)
 
   @property
   def params(self):
@@ -99,8 +116,17 @@ class Trained:
       metrics = {**metrics, "packed_rows_frac": (self.update.packed_rows or rows) / rows}
     return metrics
 
-  def read(self, metrics: Mapping[str, Any], by_group: bool) -> dict[str, Any]:
-    """Host metrics under `<name>/`: the update's, the noise scale, the hyperparameters."""
+  def hyperparams(self) -> dict[str, Any]:
+    """The optimizer's injected hyperparameters in effect, on the host ([lanes] each for runs
+    side by side: one fetch for all of them)."""
+    return {k: np.asarray(v) for k, v in jax.device_get(
+        optim.hyperparams(self.state.opt_state)).items()}
+
+  def read(self, metrics: Mapping[str, Any], by_group: bool, lane: int = 0,
+           hyperparams: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Host metrics under `<name>/`: the update's, the noise scale, the hyperparameters (for
+    runs side by side: of `lane`, whose values of `hyperparams()` the caller passes)."""
+    noise = self.noises[lane]
     out = {f"{self.name}/{k}": v for k, v in metrics.items() if not k.startswith("noise/")}
     for k in ("rows_big", "micro_used_min"):  # dynamic sampling: the rows measured on
       if f"noise/{k}" in metrics:
@@ -116,20 +142,22 @@ class Trained:
       if measured and small < big:
         g2, trace = noise_scale.estimates(metrics["noise/grad_sq_small"],
                                           metrics["noise/grad_sq_big"], small / per, big / per)
-        out.update(self.noise[unit].update(g2, trace))
+        out.update(noise[unit].update(g2, trace))
       else:  # fewer than two micro-batches held loss: no estimate this step
-        out.update(self.noise[unit].current())
+        out.update(noise[unit].current())
       other = "responses" if unit == "prompts" else "prompts"
-      out.update(self.noise[other].current())  # every step carries both B_simple values
-    for name, value in optim.hyperparams(self.state.opt_state).items():
+      out.update(noise[other].current())  # every step carries both B_simple values
+    if hyperparams is None:
+      hyperparams = optim.hyperparams(self.state.opt_state)
+    for name, value in hyperparams.items():
       out[f"{self.name}/{'lr' if name == 'learning_rate' else name}"] = float(value)
     if self.prox_decay is not None:
       out[f"{self.name}/prox_decay"] = self.prox_decay
     return out
 
-  def noise_state(self) -> dict[str, Any]:
-    return {u: n.state() for u, n in self.noise.items()}
+  def noise_state(self, lane: int = 0) -> dict[str, Any]:
+    return {u: n.state() for u, n in self.noises[lane].items()}
 
-  def load_noise_state(self, state: Mapping[str, Any]) -> None:
+  def load_noise_state(self, state: Mapping[str, Any], lane: int = 0) -> None:
     for u, s in state.items():
-      self.noise[u].load(s)
+      self.noises[lane][u].load(s)

@@ -117,21 +117,23 @@ def run_forward(forward, params, mb: SequenceBatch, prox, group: int,
 
 
 def response_fn(forward, field: str, mesh: Mesh, rules: sharding.Rules, group: int = 1,
-                pack: bool = False):
+                pack: bool = False, lanes=None):
   """A jitted `fn(params, batch) -> forward(params, batch).<field>`, e.g. the old or reference
   log-probs (`policy_forward`, "logp") or the critic's values (`value_forward`, "values");
   `group` > 1: the batch's rows are whole groups on every batch shard, each prompt run once;
   `pack` as well: the batch's responses packed when that saves rows (rl/packing.py), 0 after
-  each row's last loss token (nothing is computed there)."""
-  @jax.jit
-  def fn(params, tokens, mask, resp_mask, pk=None):
+  each row's last loss token (nothing is computed there). With `lanes`: runs side by side,
+  `params` and the batch carrying the lane axis."""
+  def raw(params, tokens, mask, resp_mask, pk=None):
     with sharding.activation_sharding(mesh, rules):
       if pk is not None:
         pk = jax.tree.map(lambda x: sharding.constrain(x, ("batch",) + (None,) * (x.ndim - 1)), pk)
       return getattr(run_forward(forward, params, SequenceBatch(tokens, mask, resp_mask, {}),
                                  None, group, pk), field)
 
-  plan = _WholeBatchPlan(mesh, rules, group) if pack and group > 1 else None
+  fn = (jax.jit(raw) if lanes is None
+        else lanes.map(raw, (True, True, True, True, True), name=f"response_{field}"))
+  plan = _WholeBatchPlan(mesh, rules, group, lanes) if pack and group > 1 else None
 
   def call(params, batch):
     pk = None if plan is None else plan(batch.resp_mask)
@@ -147,9 +149,12 @@ class _HostPlan:
   small jit, so every process plans alike), and the plan placed back on the mesh with each
   batch shard's part on its own devices only (`sharding.put_global` on the plan's shard axis)."""
 
-  def __init__(self, mesh: Mesh, rules: sharding.Rules):
-    self.mesh, self.rules = mesh, rules
-    self._lengths = jax.jit(packing.input_lengths, out_shardings=sharding.replicated(mesh))
+  def __init__(self, mesh: Mesh, rules: sharding.Rules, lanes=None):
+    self.mesh, self.rules, self.lanes = mesh, rules, lanes
+    if lanes is None:
+      self._lengths = jax.jit(packing.input_lengths, out_shardings=sharding.replicated(mesh))
+    else:  # runs side by side: [lanes, B]
+      self._lengths = lanes.map(packing.input_lengths, (True,), name="input_lengths")
 
   def lengths(self, resp_mask) -> np.ndarray:
     return np.asarray(self._lengths(resp_mask))
@@ -157,21 +162,40 @@ class _HostPlan:
   def place(self, plan: Packing, shard_axis: int) -> Packing:
     return jax.tree.map(lambda x: sharding.put_global(x, self.mesh, shard_axis, self.rules), plan)
 
+  def plan(self, packer: packing.Packer, resp_mask, perms) -> Packing | None:
+    """The step's packing placed for the update (its batch-shard axis 3), or None. Runs side
+    by side: one plan per lane, all in the bucket of the fullest lane (one program)."""
+    width = resp_mask.shape[-1] - 1
+    lengths, perms = self.lengths(resp_mask), np.asarray(perms)
+    if self.lanes is None:
+      p = packer.plan(lengths, perms, width)
+      return None if p is None else self.place(p, 3)
+    need = max(packer.need(l, o, width) for l, o in zip(lengths, perms))
+    plans = [packer.plan(l, o, width, at_least=need) for l, o in zip(lengths, perms)]
+    return None if plans[0] is None else self.lanes.stack(plans)
+
 
 class _WholeBatchPlan:
   """The packing of a whole batch taken as one micro-batch (response_fn's `pack`), or None
   when no bucket saves rows."""
 
-  def __init__(self, mesh: Mesh, rules: sharding.Rules, group: int):
-    self.host = _HostPlan(mesh, rules)
-    self.shards, self.group = sharding.batch_divisor(mesh, rules), group
+  def __init__(self, mesh: Mesh, rules: sharding.Rules, group: int, lanes=None):
+    self.host = _HostPlan(mesh, rules, lanes)
+    self.shards, self.group, self.lanes = sharding.batch_divisor(mesh, rules), group, lanes
 
   def __call__(self, resp_mask) -> Packing | None:
-    rows, n = resp_mask.shape
+    rows, n = resp_mask.shape[-2:]
     packer = packing.Packer(num_epochs=1, num_minibatches=1, microbatch=rows,
                             shards=self.shards, group=self.group)
-    p = packer.plan(self.host.lengths(resp_mask), np.arange(rows)[None], n - 1)
-    return None if p is None else self.host.place(jax.tree.map(lambda x: x[0, 0, 0], p), 0)
+    order = np.arange(rows)[None]
+    first = lambda p: jax.tree.map(lambda x: x[0, 0, 0], p)
+    if self.lanes is None:
+      p = packer.plan(self.host.lengths(resp_mask), order, n - 1)
+      return None if p is None else self.host.place(first(p), 0)
+    lengths = self.host.lengths(resp_mask)
+    need = max(packer.need(l, order, n - 1) for l in lengths)
+    plans = [packer.plan(l, order, n - 1, at_least=need) for l in lengths]
+    return None if plans[0] is None else self.lanes.stack([first(p) for p in plans])
 
 
 # loss(inputs) -> (per-token loss [b, N], {metric name: per-token value [b, N]})
@@ -251,7 +275,8 @@ def make_update(forward, optimizer, loss: TokenLoss, *, num_minibatches: int, nu
                 microbatch: int, aggregation: str, max_len: int, mesh: Mesh, rules: sharding.Rules,
                 shuffle: bool = True, group_size: int = 1, measure_noise: bool = True,
                 prox_decay: float | None = None, ptx: tuple[float, TokenLoss] | None = None,
-                count_rows: bool = False, shared_prompt: int = 1, pack: bool = False):
+                count_rows: bool = False, shared_prompt: int = 1, pack: bool = False,
+                lanes=None):
   """An `Update`: `update(state, batch, key, by_group=False) -> (state, metrics)`.
 
   `forward(params, micro_batch, prox_params)` gives the loss its inputs (policy_forward,
@@ -277,7 +302,8 @@ def make_update(forward, optimizer, loss: TokenLoss, *, num_minibatches: int, nu
   `shared_prompt` = G (group_size; micro-batches of whole groups on every batch shard) every
   shuffle is by whole groups, whatever `by_group`, and each group's prompt runs once; with
   `pack` as well, each micro-batch's responses are packed into fewer rows when they fit
-  (rl/packing.py: no compute after a response's last loss token).
+  (rl/packing.py: no compute after a response's last loss token). With `lanes`
+  (rlscale/parallel/lanes.py) it updates runs side by side, each lane as its run alone.
   """
   if shared_prompt > 1 and (shared_prompt != group_size or microbatch % group_size):
     raise ValueError(f"shared_prompt={shared_prompt} needs micro-batches of whole groups of "
@@ -369,7 +395,7 @@ def make_update(forward, optimizer, loss: TokenLoss, *, num_minibatches: int, nu
         out["noise/micro_used_min"] = jnp.min(metrics["noise/micro_used"])
       return state, out
 
-  return Update(update, mesh, rules, perms, packer)
+  return Update(update, mesh, rules, perms, packer, lanes)
 
 
 def _row_counts(mask_MxbxN, shares) -> dict[str, jax.Array]:
@@ -392,12 +418,14 @@ class Update:
   """
 
   def __init__(self, fn, mesh: Mesh, rules: sharding.Rules, perms=None,
-               packer: packing.Packer | None = None):
+               packer: packing.Packer | None = None, lanes=None):
+    """`lanes` (rlscale/parallel/lanes.py): runs side by side; the state, the batch, the key
+    and `hyper` carry the lane axis, and each lane's device runs `fn` as its run alone would."""
     self._fn, self.mesh, self.rules = fn, mesh, rules
-    self._perms, self.packer = perms, packer
+    self._perms, self.packer, self.lanes = perms, packer, lanes
     self._jitted = None
     self._orders: dict[int, Any] = {}  # rows -> the jitted row orders
-    self._host = _HostPlan(mesh, rules)
+    self._host = _HostPlan(mesh, rules, lanes)
     self.traces = 0
     self.packed_rows: int | None = None  # the last update's packed rows per shard, None unpacked
 
@@ -415,18 +443,18 @@ class Update:
     """(each epoch's row order [E, B], replicated; the step's packing or None, each batch
     shard's part on its own devices)."""
     rep = sharding.replicated(self.mesh)
-    rows = batch.tokens.shape[0]
+    lanes = self.lanes
+    rows = batch.tokens.shape[0 if lanes is None else 1]
     if rows not in self._orders:
-      self._orders[rows] = jax.jit(lambda k, g: self._perms(k, g)(rows), in_shardings=(rep, rep),
-                                   out_shardings=rep)
+      orders = lambda k, g: self._perms(k, g)(rows)
+      self._orders[rows] = (jax.jit(orders, in_shardings=(rep, rep), out_shardings=rep)
+                            if lanes is None else lanes.map(orders, (True, False), name="perms"))
     perms = self._orders[rows](key, jnp.asarray(by_group))
     if self.packer is None:
       return perms, None
-    packs = self.packer.plan(self._host.lengths(batch.resp_mask), np.asarray(perms),
-                             batch.resp_mask.shape[1] - 1)
+    packs = self._host.plan(self.packer, batch.resp_mask, perms)
     self.packed_rows = None if packs is None else packs.src.shape[-2]
-    # [E, M, m, S, ...]: axis 3 is the batch shard's.
-    return perms, None if packs is None else self._host.place(packs, 3)
+    return perms, packs
 
   def __call__(self, state: TrainState, batch: SequenceBatch, key, by_group: bool = False,
                demos: SequenceBatch | None = None, lr_scale: float | None = None,
@@ -434,6 +462,8 @@ class Update:
     """One update; `demos` are the PPO-ptx rows of its optimizer steps (make_update's `ptx`);
     `lr_scale` multiplies its updates (given on every call of a run, or on none); `hyper`: the
     scalars make_update's optimizer and loss take as arguments (on every call, or on none)."""
+    if self.lanes is not None:
+      return self._lanes_call(state, batch, key, by_group, demos, lr_scale, hyper)
     shard = lambda tree: jax.tree.map(
         lambda x: sharding.batch_sharding(self.mesh, x.ndim, self.rules), tree)
     batch_sh, demos_sh = shard(batch), shard(demos)
@@ -458,3 +488,17 @@ class Update:
     if hyper is not None:
       hyper = {k: np.asarray(v, np.float32) for k, v in hyper.items()}
     return self._jitted(state, batch, perms, demos, packs, scale, hyper)
+
+  def _lanes_call(self, state, batch, key, by_group, demos, lr_scale, hyper):
+    """One update of every lane (runs side by side): `state`, `batch`, `key` and `hyper`
+    carry the lane axis."""
+    if demos is not None or lr_scale is not None:
+      raise ValueError("runs side by side take neither PPO-ptx rows nor a per-step lr scale")
+    perms, packs = self._plan(batch, key, by_group)
+    if self._jitted is None:
+      def counted(*args):
+        self.traces += 1
+        return self._fn(*args)
+      self._jitted = self.lanes.map(counted, (True, True, True, True, True, False, True),
+                                    donate=(0,), name="update")
+    return self._jitted(state, batch, perms, None, packs, None, hyper)  # hyper: [lanes] each

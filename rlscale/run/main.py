@@ -33,11 +33,19 @@ _BASE_ONLY = flags.DEFINE_bool("base_policy_only", False, "build (or find) the b
                                 "run starts from, then stop: a sweep does it once for its points")
 _ALLOW = flags.DEFINE_list("allow_config_change", [], "fields a resumed run may change, e.g. "
                            "train.num_steps to extend it (the others must match config.json)")
+_SEEDS = flags.DEFINE_list("seeds", [], "run the config at these seeds side by side in this "
+                           "process (rlscale/trainer/lanes.py), each in its own run directory: "
+                           "--workdir with {seed} in it")
+_LANES = flags.DEFINE_string("lanes", None, "runs side by side from a JSON list of {run_dir, "
+                             "overrides} (what launch/sweep.py --vectorize writes)")
 
 
 def main(argv):
   del argv
   preemption.install()  # SIGTERM, SIGUSR2: finish the step, save it, exit with EXIT_REQUEUE
+  side_by_side = bool(_SEEDS.value or _LANES.value)
+  if side_by_side:
+    _lane_devices(len(_SEEDS.value) or _count_lanes(_LANES.value))
   from rlscale.metrics import compiles
   compiles.install()  # what this process compiles, in summary.json
   # After absl parsed flags: JAX starts here.
@@ -50,8 +58,36 @@ def main(argv):
   logging.info("process %d of %d, %d local devices of %d (%s)", jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count(),
                jax.default_backend())
-  train.main(_CONFIG.value, _WORKDIR.value, config_file=flags.FLAGS["config"].config_filename,
+  config_file = flags.FLAGS["config"].config_filename
+  if side_by_side and not _BASE_ONLY.value:
+    try:
+      seeds = [int(s) for s in _SEEDS.value]
+    except ValueError as e:
+      raise ConfigError(f"--seeds={','.join(_SEEDS.value)}: integers, comma-separated") from e
+    cfgs, workdirs = train.lane_configs(_CONFIG.value, seeds, _LANES.value, _WORKDIR.value,
+                                        config_file)
+    train.main_lanes(cfgs, workdirs, config_file, allow_config_change=tuple(_ALLOW.value))
+    return
+  train.main(_CONFIG.value, _WORKDIR.value, config_file=config_file,
              allow_config_change=tuple(_ALLOW.value), base_policy_only=_BASE_ONLY.value)
+
+
+def _count_lanes(path: str) -> int:
+  import json
+  try:
+    with open(path) as f:
+      return len(json.load(f))
+  except (OSError, ValueError, TypeError) as e:
+    raise ConfigError(f"--lanes={path}: {e}") from e
+
+
+def _lane_devices(n: int) -> None:
+  """A CPU device per lane, unless the process was given a count: runs side by side share the
+  CPU's cores as separate processes would (XLA reads the flag when JAX first starts)."""
+  import os
+  flag = "--xla_force_host_platform_device_count"
+  if flag not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}={n}".strip()
 
 
 def _located(value: str) -> str:

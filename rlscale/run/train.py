@@ -45,3 +45,65 @@ def main(cfg: ml_collections.ConfigDict, workdir: str | None = None,
       return sft_trainer.run(run)
     run = run.with_base(base_policy.find_or_build(run))
     return rl_trainer.run(run)  # every algorithm of rlscale/rl/algorithm.py
+
+
+def lane_configs(cfg: ml_collections.ConfigDict, seeds=(), lanes_file: str | None = None,
+                 workdir: str | None = None, config_file: str | None = None):
+  """(configs, run directories) of runs side by side: `seeds` (the config at each seed, run
+  directories from `workdir` with `{seed}` in it, or beside the default one), or `lanes_file`,
+  a JSON list of {"run_dir": ..., "overrides": {dotted field: value}} (what a sweep writes)."""
+  import copy
+  import json
+
+  from rlscale.config.errors import ConfigError
+  from rlscale.sweep.points import set_field
+  if lanes_file:
+    try:
+      with open(lanes_file) as f:
+        entries = json.load(f)
+      pairs = [(e["run_dir"], dict(e.get("overrides", {}))) for e in entries]
+    except (OSError, ValueError, TypeError, KeyError) as e:
+      raise ConfigError(f"--lanes={lanes_file}: not a list of {{run_dir, overrides}} ({e})")
+  else:
+    if workdir and "{seed}" not in workdir:
+      raise ConfigError(f"--seeds with --workdir={workdir}: put {{seed}} in it, one run "
+                        f"directory per seed (e.g. --workdir=runs/x/seed={{seed}})")
+    pattern = workdir or default_workdir(cfg, config_file) + "-seed{seed}"
+    pairs = [(pattern.format(seed=s), {"seed": int(s)}) for s in seeds]
+  if not pairs:
+    raise ConfigError("runs side by side: no run given")
+  cfgs = []
+  for _, overrides in pairs:
+    c = copy.deepcopy(cfg)
+    with c.unlocked():
+      for field, value in overrides.items():
+        set_field(c, field, value)
+    cfgs.append(c)
+  return cfgs, [d for d, _ in pairs]
+
+
+def main_lanes(cfgs: list, workdirs: list[str], config_file: str | None = None,
+               allow_config_change: tuple[str, ...] = ()) -> list[dict]:
+  """Run `cfgs` side by side (rlscale/trainer/lanes.py), each in its run directory."""
+  import contextlib
+
+  from rlscale.config import defaults
+  from rlscale.config.errors import ConfigError
+  from rlscale.trainer import lanes
+  compile_cache.enable(cfgs[0].init.cache_dir if "init" in cfgs[0] else "runs/base")
+  cfgs = [defaults.fill(c) for c in cfgs]
+  bad = lanes.errors(cfgs, workdirs)
+  if bad:
+    raise ConfigError("runs side by side: " + "; ".join(bad))
+  # Each lane's run on one device (its lane's): the plan and the model are a run's alone.
+  try:
+    env = experiment.setup(cfgs[0], devices=jax.local_devices()[:1])
+  except ValueError as e:
+    raise ConfigError(f"runs side by side put each run on one device: {e}") from e
+  runs = [resolved.resolve(c, w, config_file, setup=env, allow_config_change=allow_config_change)
+          for c, w in zip(cfgs, workdirs)]
+  with contextlib.ExitStack() as held:
+    for w in workdirs:
+      held.enter_context(workdir_lock.held(w, jax.process_index() == 0))
+    base = base_policy.find_or_build(runs[0])
+    return lanes.run([r.with_base(base) for r in runs])

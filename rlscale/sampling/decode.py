@@ -49,11 +49,15 @@ class Sampler:
   """
 
   def __init__(self, graphdef: nnx.GraphDef, params: SamplingParams, mesh: Mesh,
-               rules: sharding.Rules | None = None):
+               rules: sharding.Rules | None = None, lanes=None):
+    """`lanes` (rlscale/parallel/lanes.py): runs side by side, each lane on a device of its
+    own (`mesh` then describes one lane's); the state, the key and every output carry the
+    lane axis, the prompts are the lanes' common ones."""
     self.graphdef = graphdef
     self.params = params
     self.mesh = mesh
     self.rules = rules or sharding.rules_from_config(None)
+    self.lanes = lanes
     self.traces = 0  # how many times the call was traced (a retrace guard for tests)
     self._caches: dict[tuple[int, int], Cache] = {}
     b1, b2 = sharding.batch_sharding(mesh, 1, self.rules), sharding.batch_sharding(mesh, 2, self.rules)
@@ -76,9 +80,13 @@ class Sampler:
                        "batch shards; generate() pads them")
     if row_ids is None:
       row_ids = np.arange(local, dtype=np.int32) + jax.process_index() * local
-    tokens_BxP = sharding.put_batch(tokens_BxP, self.mesh, self.rules)
-    mask_BxP = sharding.put_batch(mask_BxP, self.mesh, self.rules)
-    row_ids = sharding.put_batch(np.asarray(row_ids, np.int32), self.mesh, self.rules)
+    if self.lanes is not None:  # every lane decodes the same prompts
+      tokens_BxP, mask_BxP, row_ids = self.lanes.replicate(
+          (np.asarray(tokens_BxP), np.asarray(mask_BxP), np.asarray(row_ids, np.int32)))
+    else:
+      tokens_BxP = sharding.put_batch(tokens_BxP, self.mesh, self.rules)
+      mask_BxP = sharding.put_batch(mask_BxP, self.mesh, self.rules)
+      row_ids = sharding.put_batch(np.asarray(row_ids, np.int32), self.mesh, self.rules)
     shape = tuple(tokens_BxP.shape)  # global
     call, new_cache = self.call_for(state, shape, group_size)
     if shape not in self._caches:
@@ -98,6 +106,9 @@ class Sampler:
                    f", each run of {group_size} copies of a prompt prefilled once"
                    if group_size > 1 else "")
       shards = sharding.batch_divisor(self.mesh, self.rules)
+      if self.lanes is not None:
+        self._calls[shape, group_size] = self._lane_call(cfg, shape, group_size)
+        return self._calls[shape, group_size]
       cache_shardings = self._cache_shardings(_cache_shapes(cfg, self.params, *shape, shards))
       run = functools.partial(self._run, group=group_size)
       # keep_unused: _decode reads only the cache's shapes, and jit drops an argument it never
@@ -108,6 +119,23 @@ class Sampler:
           jax.jit(lambda: _empty_cache(cfg, self.params, *shape, shards),
                   out_shardings=cache_shardings))
     return self._calls[shape, group_size]
+
+  def _lane_call(self, cfg, shape: tuple[int, int], group: int):
+    """The call mapped over the lanes (each lane's decode as it runs alone, on its device),
+    and the maker of the lanes' caches."""
+    lanes = self.lanes
+
+    def run(state, cache, tokens_BxP, mask_BxP, key, row_ids):
+      self.traces += 1
+      return _decode(nnx.merge(self.graphdef, state), self.params, cache, tokens_BxP,
+                     mask_BxP.astype(bool), key, row_ids, group)
+
+    def caches():
+      one = _empty_cache(cfg, self.params, *shape)
+      return jax.tree.map(lambda x: jnp.broadcast_to(x, (lanes.n,) + x.shape), one)
+
+    return (lanes.map(run, (True, True, False, False, True, False), donate=(1,), name="decode"),
+            jax.jit(caches, out_shardings=lanes.sharding))
 
   def abstract_args(self, state: nnx.State, shape: tuple[int, int]) -> tuple:
     """The arguments of `call_for(state, shape)[0]` as ShapeDtypeStructs with the shardings
@@ -263,7 +291,7 @@ def _decode(policy, p: SamplingParams, cache: Cache, tokens_BxP, mask_BxP, key, 
 
 def generate(sampler: Sampler, state: nnx.State, tokens_BxP: np.ndarray, mask_BxP: np.ndarray,
              key: jax.Array, generation_batch: int | None = None,
-             group_size: int = 1) -> Rollout:
+             group_size: int = 1, row_ids: np.ndarray | None = None) -> Rollout:
   """Sample for all rows, `generation_batch` rows per compiled call.
 
   Every call has the same number of rows, a multiple of the mesh's batch shards: a short last
@@ -275,6 +303,8 @@ def generate(sampler: Sampler, state: nnx.State, tokens_BxP: np.ndarray, mask_Bx
   `group_size` G says that the rows come in runs of G copies of one prompt (an RL step's
   groups); a call then prefills each prompt once, where its rows hold whole groups and each
   batch shard holds whole groups (`shared_prefill`). Rows of a run that differ are an error.
+  `row_ids`: this process's rows' global indices, when they are not its contiguous share of
+  the batch (an evaluation in stages: rlscale/trainer/evaluation.py).
   """
   tokens_BxP, mask_BxP = np.asarray(tokens_BxP, np.int32), np.asarray(mask_BxP, bool)
   local = tokens_BxP.shape[0]
@@ -288,10 +318,13 @@ def generate(sampler: Sampler, state: nnx.State, tokens_BxP: np.ndarray, mask_Bx
   per_call = -(-gb // unit) * unit // procs  # the same, padded to split over the batch shards
   first = jax.process_index() * local
   group = shared_prefill(group_size, take, per_call * procs, shards)
+  axis = 0 if sampler.lanes is None else 1  # the rows' axis (runs side by side: lanes first)
+  cut = lambda x, n: x[:n] if axis == 0 else x[:, :n]
   parts = []
   for start in range(0, local, take):
     toks, mask = tokens_BxP[start:start + take], mask_BxP[start:start + take]
-    ids = np.arange(first + start, first + start + toks.shape[0], dtype=np.int32)
+    ids = (np.arange(first + start, first + start + toks.shape[0], dtype=np.int32)
+           if row_ids is None else np.asarray(row_ids[start:start + take], np.int32))
     rows = toks.shape[0]
     if rows < per_call:  # copies of a row sample what it samples, and end when it ends
       pad = per_call - rows
@@ -303,11 +336,11 @@ def generate(sampler: Sampler, state: nnx.State, tokens_BxP: np.ndarray, mask_Bx
       _check_groups(toks, mask, g)
     out = sampler(state, toks, mask, key, ids, g)
     parts.append(out if rows == per_call
-                 else out._replace(**{f: getattr(out, f)[:rows] for f in _ROWS}))
+                 else out._replace(**{f: cut(getattr(out, f), rows) for f in _ROWS}))
   if len(parts) == 1:
     return parts[0]
-  return Rollout(*(_concat_rows([getattr(p, f) for p in parts], sampler) for f in _ROWS),
-                 steps=jnp.max(jnp.stack([p.steps for p in parts])))
+  return Rollout(*(_concat_rows([getattr(p, f) for p in parts], sampler, axis) for f in _ROWS),
+                 steps=jnp.max(jnp.stack([p.steps for p in parts]), axis=0))
 
 
 def shared_prefill(group_size: int, rows: int, call_rows: int, shards: int) -> int:
@@ -326,10 +359,11 @@ def _check_groups(tokens_BxP: np.ndarray, mask_BxP: np.ndarray, g: int) -> None:
       raise ValueError(f"generate(group_size={g}): the prompt {name} of a run of {g} rows differ")
 
 
-def _concat_rows(arrays: list[jax.Array], sampler: Sampler) -> jax.Array:
-  """Concatenate batch-sharded arrays so that each process's rows stay its own."""
+def _concat_rows(arrays: list[jax.Array], sampler: Sampler, axis: int = 0) -> jax.Array:
+  """Concatenate batch-sharded arrays so that each process's rows stay its own (lanes: along
+  the rows' axis 1, one process)."""
   if jax.process_count() == 1:
-    return jnp.concatenate(arrays)
+    return jnp.concatenate(arrays, axis=axis)
   local = np.concatenate([distributed.host_local(a) for a in arrays])
   return sharding.put_batch(local, sampler.mesh, sampler.rules)
 

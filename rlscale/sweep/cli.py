@@ -47,6 +47,11 @@ def define_flags() -> None:
       dry_run=flags.DEFINE_bool("dry_run", False, "print what would run (commands, scripts, "
                                 "work units) and run nothing"),
       only=flags.DEFINE_string("only", None, "only the points whose name matches this regex"),
+      vectorize=flags.DEFINE_enum("vectorize", "", ["", "seed", "lanes"], "local: run points "
+                                  "that differ only in their seed ('seed'), or also in the "
+                                  "numbers the compiled programs take as arguments such as the "
+                                  "learning rate ('lanes'), side by side in one process"),
+      max_lanes=flags.DEFINE_integer("max_lanes", 10, "--vectorize: points per process at most"),
       run_command=flags.DEFINE_string("run_command", None, "what runs one point, before its "
                                       "flags (default: this Python's `-m rlscale`); e.g. a "
                                       "container wrapper"),
@@ -81,9 +86,14 @@ def command() -> list[str]:
 
 def launcher(kind: str, config: str, m, pts, parallel: int):
   """The launcher object of `kind`: .dry_run() -> text, .run() -> manifest counts."""
+  vectorize = _FLAGS["vectorize"].value
+  if vectorize and kind != "local":
+    raise ConfigError(f"--vectorize={vectorize} runs points side by side with the local "
+                      f"launcher only; with --launcher={kind} each point is its own job")
   if kind == "local":
     from rlscale.sweep.local import LocalLauncher
-    return LocalLauncher(config, m, pts, parallel=parallel, command=command())
+    return LocalLauncher(config, m, pts, parallel=parallel, command=command(),
+                         vectorize=vectorize, max_lanes=_FLAGS["max_lanes"].value)
   if kind == "slurm":
     return slurm.SlurmLauncher(config, m, pts, parallel=parallel, command=command())
   return xm.XMLauncher(config, m, pts, parallel=parallel, command=command())

@@ -15,6 +15,7 @@ process still uses (its lock is held) is waited for, never started twice.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shlex
 import shutil
@@ -75,13 +76,42 @@ def _child_setup(cores: list[int] | None):
   return setup
 
 
+VECTORIZE = ("", "seed", "lanes")  # --vectorize: points differing in these run side by side
+
+
+def lane_groups(points: list[Point], vectorize: str, max_lanes: int) -> list[list[Point]]:
+  """The points as processes: one each, or (`vectorize`) groups of up to `max_lanes` points
+  whose configs differ only in their seed ("seed") or in any field runs side by side may
+  differ in ("lanes": rlscale/trainer/lanes.LANE_FIELDS, learning rates among them), each
+  group one process training its points side by side (`--lanes`)."""
+  if not vectorize:
+    return [[p] for p in points]
+  from rlscale.trainer.lanes import LANE_FIELDS, ON_OFF
+  varying = {"seed"} if vectorize == "seed" else set(LANE_FIELDS)
+  buckets: dict[str, list[Point]] = {}
+  for p in points:
+    shared = {k: v for k, v in p.fields.items() if k not in varying}
+    on = {k: bool(p.fields[k]) for k in ON_OFF if k in p.fields and k in varying}
+    buckets.setdefault(json.dumps([shared, on], sort_keys=True, default=str), []).append(p)
+  return [group[i:i + max_lanes] for group in buckets.values()
+          for i in range(0, len(group), max_lanes)]
+
+
 class LocalLauncher:
-  """Runs the not-done points of a manifest; `command` replaces `python -m rlscale`."""
+  """Runs the not-done points of a manifest; `command` replaces `python -m rlscale`. With
+  `vectorize` ('seed' or 'lanes'), points that may run side by side run as one process of up
+  to `max_lanes` of them (rlscale/trainer/lanes.py), each still in its own run directory."""
 
   def __init__(self, config: str, m: mf.Manifest, points: list[Point], parallel: int = 1,
                command: list[str] | None = None, slots: list[dict] | None = None,
-               progress_every: float = 60.0, poll: float = 0.5):
+               progress_every: float = 60.0, poll: float = 0.5, vectorize: str = "",
+               max_lanes: int = 10):
+    if vectorize not in VECTORIZE:
+      raise ConfigError(f"--vectorize={vectorize!r}; known: seed, lanes (or '' for none)")
+    if max_lanes < 1:
+      raise ConfigError(f"--max_lanes={max_lanes} must be a positive integer")
     self.config, self.m, self.parallel = config, m, parallel
+    self.vectorize, self.max_lanes = vectorize, max_lanes
     self.points = {p.name: p for p in points}
     self.command = command or [sys.executable, "-m", "rlscale"]
     self.slots = slots or device_slots(parallel)
@@ -90,10 +120,34 @@ class LocalLauncher:
     self.durations: list[float] = []
     self.stopping = False
     self.base_proc: subprocess.Popen | None = None  # a base policy being built
+    self._group_of: dict[str, list[Point]] = {}  # a point's group of this launch
+    self._log_of: dict[str, str] = {}  # a grouped point's process log
 
   def _argv(self, p: Point) -> list[str]:
     return [*self.command, f"--config={self.config}", f"--workdir={p.run_dir}",
             *p.config_args()]
+
+  def _group_argv(self, group: list[Point], write: bool = True) -> tuple[list[str], str]:
+    """The command running `group` side by side, and its log: the lanes' file (their run
+    directories and the overrides they differ in; written unless `write` is False) beside the
+    sweep's manifest."""
+    if len(group) == 1:
+      return self._argv(group[0]), mf.log_path(group[0].run_dir)
+    keys = [k for k in group[0].fields if any(p.fields.get(k) != group[0].fields[k]
+                                              for p in group)]
+    folder = os.path.join(self.m.sweep_dir, "lanes")
+    if write:
+      os.makedirs(folder, exist_ok=True)
+    name = group[0].name + f"+{len(group) - 1}"
+    path = os.path.join(folder, name + ".json")
+    if write:
+      with open(path, "w") as f:
+        json.dump([{"run_dir": p.run_dir, "overrides": {k: p.fields[k] for k in keys}}
+                   for p in group], f, indent=1)
+    shared = Point(group[0].name, {}, {k: v for k, v in group[0].fields.items()
+                                       if k not in keys}, group[0].run_dir)
+    argv = [*self.command, f"--config={self.config}", f"--lanes={path}", *shared.config_args()]
+    return argv, os.path.join(folder, name + ".log")
 
   def _env(self, slot: int | None) -> dict:
     env = dict(os.environ)
@@ -123,11 +177,16 @@ class LocalLauncher:
       if key and key not in bases:
         bases.add(key)
         lines += ["# base policy " + key, shlex.join(self._argv(p) + ["--base_policy_only"])]
-    lines += [shlex.join(self._argv(self.points[e.name])) for e in self.m.points]
+    groups = lane_groups([self.points[e.name] for e in self.m.points], self.vectorize,
+                         self.max_lanes)
+    for g in groups:
+      if len(g) > 1:
+        lines.append(f"# side by side: {', '.join(p.name for p in g)}")
+      lines.append(shlex.join(self._group_argv(g, write=False)[0]))
     slots = ", ".join(" ".join(f"{k}={','.join(map(str, v))}" for k, v in s.items())
                       for s in self.slots)
-    return "\n".join(lines + [f"# {len(self.m.points)} points, {self.parallel} at a time on: "
-                              f"{slots}"])
+    return "\n".join(lines + [f"# {len(self.m.points)} points in {len(groups)} processes, "
+                              f"{self.parallel} at a time on: {slots}"])
 
   def build_bases(self, todo: list[Point]) -> set[str]:
     """Build each distinct base policy of `todo` once, before any point; the names of points
@@ -158,18 +217,28 @@ class LocalLauncher:
         self.m.save()
     return failed
 
-  def _start(self, p: Point, slot: int) -> None:
-    e = self.m.entry(p.name)
-    proc = self._spawn(self._argv(p), mf.log_path(p.run_dir), slot)
-    self.running[p.name] = (proc, slot)
-    e.status, e.job_id, e.started, e.returncode, e.error = mf.RUNNING, str(proc.pid), \
-        time.time(), None, []
-    e.attempts += 1
+  def _start(self, group: list[Point], slot: int) -> None:
+    argv, log = self._group_argv(group)
+    proc = self._spawn(argv, log, slot)
+    for p in group:
+      e = self.m.entry(p.name)
+      if len(group) > 1:  # where the group's output goes
+        os.makedirs(p.run_dir, exist_ok=True)
+        with open(mf.log_path(p.run_dir), "a") as f:
+          f.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} side by side with "
+                  f"{len(group) - 1} other points: {log}\n")
+      self.running[p.name] = (proc, slot)
+      e.status, e.job_id, e.started, e.returncode, e.error = mf.RUNNING, str(proc.pid), \
+          time.time(), None, []
+      e.attempts += 1
     self.m.save()
 
   def _finish(self, name: str, rc: int) -> None:
     e = self.m.entry(name)
     mf.finish(e, rc, self.stopping)
+    if e.status == mf.FAILED and len(self._group_of.get(name, ())) > 1:
+      e.error = [f"exited {rc} (side by side); {self._log_of[name]}:"] + mf.tail(
+          self._log_of[name])
     if e.status == mf.DONE:
       self.durations.append(e.duration_s)
     self.m.save()
@@ -201,21 +270,27 @@ class LocalLauncher:
   def _run(self) -> None:
     todo = [self.points[e.name] for e in self.m.begin(self.points)]
     t0, shown = time.time(), (None, 0.0)  # (counts, time) of the last progress line
-    queue = [p for p in todo if p.name not in self.build_bases(todo)]
+    failed = self.build_bases(todo)
+    queue = lane_groups([p for p in todo if p.name not in failed], self.vectorize,
+                        self.max_lanes)
+    self._group_of = {p.name: g for g in queue for p in g}
+    self._log_of = {p.name: self._group_argv(g, write=False)[1] for g in queue
+                    if len(g) > 1 for p in g}
     free = list(range(len(self.slots)))
     while True:
       for name, (proc, slot) in list(self.running.items()):
         if proc.poll() is not None:
           del self.running[name]
-          free.append(slot)
+          if not any(q is proc for q, _ in self.running.values()):  # the group's last point
+            free.append(slot)
           self._finish(name, proc.returncode)
-      for p in list(queue):
+      for group in list(queue):
         if not free or self.stopping:
           break
-        if workdir_lock.in_use(p.run_dir):  # an earlier launcher's run still saving
+        if any(workdir_lock.in_use(p.run_dir) for p in group):  # an earlier launcher's run
           continue
-        queue.remove(p)
-        self._start(p, free.pop(0))
+        queue.remove(group)
+        self._start(group, free.pop(0))
       counts = self.m.counts()
       if counts != shown[0] or time.time() - shown[1] >= self.progress_every:
         logging.info("%s", mf.progress_line(self.m, t0, self.durations, self.parallel))

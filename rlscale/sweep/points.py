@@ -101,6 +101,11 @@ def _set(cfg: ml_collections.ConfigDict, path: str, value, key: str) -> None:
     raise ConfigError(f"override {key}={value!r}: {path} cannot hold it ({e})") from e
 
 
+def set_field(cfg: ml_collections.ConfigDict, path: str, value) -> None:
+  """Set the dotted field `path` of `cfg` (a ConfigError naming it when it cannot hold it)."""
+  _set(cfg, _field(cfg, path, dict(config_common.ALIASES)), value, path)
+
+
 def _short(value) -> str:
   if isinstance(value, float):
     return format(value, "g")

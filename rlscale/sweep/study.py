@@ -70,6 +70,7 @@ class Stage:
   max_extend: int = 2  # at most this many extensions per group
   band: float = 0.05  # a value is eligible when its median final is within this of the best
   target_fraction: float | None = None  # set the study's target from this stage's runs
+  vectorize: str = ""  # 'seed' | 'lanes': points run side by side (launch/sweep.py --vectorize)
 
 
 def declared(study: str) -> list[Stage]:
@@ -196,8 +197,11 @@ class StudyRunner:
   """Runs the stages of a study in `study_dir` with the local launcher, `parallel` at a time."""
 
   def __init__(self, study: str, study_dir: str, parallel: int = 1,
-               command: list[str] | None = None):
+               command: list[str] | None = None, vectorize: str | None = None,
+               max_lanes: int = 10):
+    """`vectorize` (None: each stage's own) and `max_lanes`: points side by side."""
     self.study, self.dir, self.parallel, self.command = study, study_dir, parallel, command
+    self.vectorize, self.max_lanes = vectorize, max_lanes
     self.stages = declared(study)
     self.record: dict[str, Any] = {"study": study, "stages": {}, "chosen": {}}
     path = os.path.join(study_dir, FILE)
@@ -291,7 +295,9 @@ class StudyRunner:
     config, sweep_dir = self.config_of(stage), os.path.join(self.dir, stage.name)
     pts = self.points_of(stage, sweep_dir)
     m = mf.open_sweep(sweep_dir, stage.sweep, config, "local", pts)
-    runner = LocalLauncher(config, m, pts, parallel=self.parallel, command=self.command)
+    vectorize = stage.vectorize if self.vectorize is None else self.vectorize
+    runner = LocalLauncher(config, m, pts, parallel=self.parallel, command=self.command,
+                           vectorize=vectorize, max_lanes=self.max_lanes)
     m.save()
     logging.info("study %s: stage %s, sweep %s of %s, %d points (%d done)", self.study,
                  stage.name, stage.sweep, config, len(pts), m.counts()[mf.DONE])

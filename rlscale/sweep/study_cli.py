@@ -35,6 +35,10 @@ def define_flags() -> None:
                                   "runs/study-<file name>); a sweep directory per stage"),
       parallel=flags.DEFINE_integer("parallel", 1, "points running at once, each on its own "
                                     "devices (CPU cores, GPUs)"),
+      vectorize=flags.DEFINE_enum("vectorize", None, ["", "seed", "lanes"], "points side by "
+                                  "side in one process (launch/sweep.py --vectorize); default: "
+                                  "each stage's own choice"),
+      max_lanes=flags.DEFINE_integer("max_lanes", 10, "points per process at most"),
       report=flags.DEFINE_bool("report", True, "write the report at the end "
                                "(analysis/report.py)"),
       report_dir=flags.DEFINE_string("report_dir", None, "where the report goes (default: "
@@ -87,7 +91,8 @@ def run(argv) -> int:
   name = os.path.splitext(os.path.basename(v["study"].partition(":")[0]))[0]
   workdir = v["workdir"] or f"runs/study-{name}"
   command = shlex.split(v["run_command"]) if v["run_command"] else None
-  runner = StudyRunner(v["study"], workdir, parallel=v["parallel"], command=command)
+  runner = StudyRunner(v["study"], workdir, parallel=v["parallel"], command=command,
+                       vectorize=v["vectorize"], max_lanes=v["max_lanes"])
   if v["dry_run"]:
     print(dry_run(runner))
     return 0

@@ -12,6 +12,9 @@ usual form, and free of sampling noise (one forward pass, no draw).
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -26,19 +29,41 @@ from rlscale.sampling import Sampler, SamplingParams, generate
 from rlscale.tasks.base import Task, right_pad, turn_end_id
 
 
+@dataclasses.dataclass(frozen=True)
+class Stop:
+  """An evaluation in stages (eval.adaptive): rows [0, n1), then up to n2 = 2 n1, 4 n1, ...,
+  the whole set; it stops after the first stage whose `metric` (eval/accuracy_sampled, say)
+  lies more than z standard errors (of a rate equal to `target`, on the rows scored) from
+  `target`. `first_only`: the first stage alone (the run has reached its target: no later
+  evaluation can move its crossing)."""
+  metric: str
+  target: float
+  z: float = 2.0
+  first_only: bool = False
+
+
 class Evaluator:
-  """Scores the policy on the task's fixed held-out set, split over processes."""
+  """Scores the policy on the task's fixed held-out set, split over processes.
+
+  A row's sample depends only on the evaluation's key and the row's index in the set, so
+  the first n rows of an evaluation in stages score exactly what the whole set's evaluation
+  scores on them. With `lanes` (runs side by side) the state and the key carry the lane axis,
+  and the result is a list with each lane's metrics.
+  """
 
   def __init__(self, task: Task, graphdef: nnx.GraphDef, mesh, rules, *, max_new_tokens: int,
                generation_batch: int, decode_chunk: int = 64, sampled: bool = True,
-               greedy: bool = True, reference: bool = False, logprob_chunk: int = 0):
+               greedy: bool = True, reference: bool = False, logprob_chunk: int = 0,
+               lanes=None):
     self.task, self.graphdef, self.mesh, self.rules = task, graphdef, mesh, rules
+    self.lanes = lanes
     eos, pad = task.tokenizer.eos_ids, task.tokenizer.pad_id
     common = dict(max_new_tokens=max_new_tokens, eos_ids=eos, pad_id=pad, decode_chunk=decode_chunk)
     temperatures = {"greedy": 0.0} if greedy else {}
     if sampled:
       temperatures["sampled"] = 1.0
-    self.samplers = {name: Sampler(graphdef, SamplingParams(temperature=t, **common), mesh, rules)
+    self.samplers = {name: Sampler(graphdef, SamplingParams(temperature=t, **common), mesh, rules,
+                                   lanes)
                      for name, t in temperatures.items()}
     problems = task.eval_problems()
     self.num = len(problems)
@@ -47,32 +72,110 @@ class Evaluator:
     unit = sharding.batch_divisor(mesh, rules) * jax.process_count()
     self.gb = max(unit, min(generation_batch, -(-self.num // unit) * unit) // unit * unit)
     total = -(-self.num // self.gb) * self.gb
-    padded = problems + [problems[0]] * (total - self.num)
+    self.padded = problems + [problems[0]] * (total - self.num)
     rows = distributed.process_rows(total)
-    self.problems = padded[rows]
+    self.problems = self.padded[rows]
     self.real = np.arange(rows.start, rows.stop) < self.num
     self.tokens, self.mask = rollout.prompts(task, self.problems)
     self.eos = eos
     self.reference = (self._reference_rows(problems, max_new_tokens, logprob_chunk) if reference
                       else None)
+    self._stage_prompts = None  # every row's prompt, made on the first evaluation in stages
 
-  def __call__(self, state: nnx.State, key: jax.Array) -> dict[str, float]:
-    out = {}
+  def __call__(self, state: nnx.State, key: jax.Array, stop: Stop | None = None):
+    """The metrics of the whole set, or of the stages `stop` asks for (then eval/rows says how
+    many problems they rest on); a list of them for lanes."""
+    if stop is not None:
+      return self._staged(state, key, stop)
+    out = [{} for _ in range(len(self.lanes or [0]))]
     for name, sampler in self.samplers.items():
       r = generate(sampler, state, self.tokens, self.mask, key, self.gb)
       toks, mask = rollout.host_rollout(r)
-      rewards, correct, finished = rollout.score(self.task, self.problems, toks, mask, self.eos)
-      sums = np.array([correct[self.real].sum(), rewards[self.real].sum(),
-                       mask.sum(axis=1)[self.real].sum(), finished[self.real].sum()], np.float64)
-      if jax.process_count() > 1:
-        sums = np.asarray(multihost_utils.process_allgather(sums)).sum(axis=0)
-      out[f"eval/accuracy_{name}"] = sums[0] / self.num
-      out[f"eval/reward_{name}"] = sums[1] / self.num
-      out[f"eval/response_len_{name}"] = sums[2] / self.num
-      out[f"eval/finished_{name}"] = sums[3] / self.num
+      for lane, (t, m) in enumerate(self._per_lane(toks, mask)):
+        sums = self._sums(self.problems, t, m, self.real)
+        if jax.process_count() > 1:
+          sums = np.asarray(multihost_utils.process_allgather(sums)).sum(axis=0)
+        out[lane].update(_metrics(name, sums, self.num))
     if self.reference is not None:
-      out.update(self._reference_scores(state))
-    return out
+      if self.lanes is not None:
+        raise ValueError("eval.reference is not scored for runs side by side")
+      out[0].update(self._reference_scores(state))
+    return out if self.lanes is not None else out[0]
+
+  def _per_lane(self, toks, mask):
+    return [(toks, mask)] if self.lanes is None else list(zip(toks, mask))
+
+  def _sums(self, problems, toks, mask, real) -> np.ndarray:
+    """[correct, reward, response tokens, finished, rows] summed over the real rows."""
+    rewards, correct, finished = rollout.score(self.task, problems, toks, mask, self.eos)
+    return np.array([correct[real].sum(), rewards[real].sum(), mask.sum(axis=1)[real].sum(),
+                     finished[real].sum(), real.sum()], np.float64)
+
+  def stages(self) -> list[int]:
+    """The rows scored after each stage of an evaluation in stages: whole generation batches,
+    doubling, the last the whole (padded) set."""
+    total, out, n = len(self.padded), [], self.gb
+    while n < total:
+      out.append(n)
+      n *= 2
+    return out + [total]
+
+  def _staged(self, state, key, stop: Stop):
+    """Stages of rows [0, n1), [n1, n2), ... each decoded whole (every process its share of
+    each call's rows), until every lane's `stop.metric` is settled."""
+    name = stop.metric.rpartition("_")[2]
+    if stop.metric not in (f"eval/accuracy_{n}" for n in self.samplers):
+      raise ValueError(f"an evaluation in stages needs {stop.metric} among the evaluation's "
+                       f"metrics ({', '.join(f'eval/accuracy_{n}' for n in self.samplers)})")
+    if self._stage_prompts is None:
+      self._stage_prompts = rollout.prompts(self.task, self.padded)
+    tokens, mask = self._stage_prompts
+    real_all = np.arange(len(self.padded)) < self.num
+    lanes = len(self.lanes or [0])
+    sums = {n: np.zeros((lanes, 5)) for n in self.samplers}
+    settled = [None] * lanes  # each lane's sums when its metric settled
+    start = 0
+    stages = self.stages()[:1] if stop.first_only else self.stages()
+    for end in stages:
+      for n, sampler in self.samplers.items():
+        part = self._decode_rows(sampler, state, key, tokens, mask, start, end)
+        for lane, (t, m) in enumerate(self._per_lane(*part)):
+          rows = self._process_share(start, end)
+          s = self._sums([self.padded[i] for i in rows], t, m, real_all[rows])
+          if jax.process_count() > 1:
+            s = np.asarray(multihost_utils.process_allgather(s)).sum(axis=0)
+          sums[n][lane] += s
+      start = end
+      for lane in range(lanes):
+        if settled[lane] is None:
+          s = sums[name][lane]
+          p, se = s[0] / s[4], math.sqrt(stop.target * (1 - stop.target) / s[4])
+          if end == stages[-1] or abs(p - stop.target) > stop.z * se:
+            settled[lane] = {n: sums[n][lane].copy() for n in self.samplers}
+      if all(x is not None for x in settled):
+        break
+    out = []
+    for lane in range(lanes):
+      m = {}
+      for n in self.samplers:
+        m.update(_metrics(n, settled[lane][n], settled[lane][n][4]))
+      m["eval/rows"] = int(settled[lane][name][4])
+      out.append(m)
+    return out if self.lanes is not None else out[0]
+
+  def _process_share(self, start: int, end: int) -> range:
+    """This process's rows of global rows [start, end): an equal contiguous share of each
+    call of `gb` rows."""
+    procs, me = jax.process_count(), jax.process_index()
+    take = self.gb // procs
+    return [i for call in range(start, end, self.gb)
+            for i in range(call + me * take, call + (me + 1) * take)]
+
+  def _decode_rows(self, sampler, state, key, tokens, mask, start: int, end: int):
+    rows = self._process_share(start, end)
+    r = generate(sampler, state, tokens[rows], mask[rows], key, self.gb,
+                 row_ids=np.asarray(rows, np.int32))
+    return rollout.host_rollout(r)
 
   def _reference_rows(self, problems, max_new_tokens: int, chunk: int):
     """(tokens, mask) of prompt + reference response + EOS for this process's rows, and the
@@ -113,3 +216,8 @@ class Evaluator:
     if jax.process_count() > 1:
       sums = np.asarray(multihost_utils.process_allgather(sums)).sum(axis=0)
     return {"eval/reference_logprob": sums[0] / self.num, "eval/reference_prob": sums[1] / self.num}
+
+
+def _metrics(name: str, sums: np.ndarray, n: float) -> dict[str, float]:
+  return {f"eval/accuracy_{name}": sums[0] / n, f"eval/reward_{name}": sums[1] / n,
+          f"eval/response_len_{name}": sums[2] / n, f"eval/finished_{name}": sums[3] / n}

@@ -85,8 +85,8 @@ class Trainer(Protocol):
   def rates(self, pending: "Pending", wall: float) -> dict[str, float]:
     """Throughput of a finished step that lasted `wall` seconds."""
 
-  def evaluate(self, step: int) -> dict[str, float]:
-    """The held-out evaluation at `step`."""
+  def evaluate(self, step: int, stop=None) -> dict[str, float]:
+    """The held-out evaluation at `step`; `stop` (trainer/evaluation.Stop): in stages."""
 
   def progress(self, row: dict[str, Any], last_eval: dict[str, float]) -> dict[str, Any]:
     """The few numbers of the console's progress line."""
@@ -131,6 +131,7 @@ class Loop:
     # step -> the sample axis before and after it, for steps whose samples vary (dynamic
     # sampling generates more than P x G when it refills); evaluation marks fall between.
     self.seen: dict[int, tuple[int, int]] = {}
+    self.writer: MetricsWriter | None = None
 
   # --- schedule ---
 
@@ -145,6 +146,18 @@ class Loop:
       return step == self.steps or before // e < after // e
     return self._due(self.cfg.train.eval_every, step)
 
+  def eval_stop(self, step: int):
+    """How the evaluation at `step` scores the held-out set: None, the whole set (without
+    eval.adaptive); in stages until the target metric's side of the target is settled,
+    before the run reached its target; the first stage alone after it (the study reads the
+    first crossing: no later evaluation moves it)."""
+    e = self.cfg.eval
+    if not self.target or not e.get("adaptive"):
+      return None
+    from rlscale.trainer.evaluation import Stop
+    return Stop(self.target.metric, float(self.target.value), float(e.adaptive_z),
+                first_only="responses_to_target" in self.counters)
+
   def checkpoint_due(self, step: int) -> bool:
     return self._due(self.cfg.train.checkpoint_every, step) or self.stopped()
 
@@ -153,9 +166,11 @@ class Loop:
 
   # --- the run ---
 
-  def restore(self) -> int:
-    try:
-      step, state, meta = self.ckpt.restore_latest(self.trainer.state())  # skips damaged steps
+  def restore(self, at_most: int | None = None) -> int:
+    """Resume from the newest intact checkpoint (no later than `at_most`); the step, 0 for a
+    new run."""
+    try:  # skips damaged steps
+      step, state, meta = self.ckpt.restore_latest(self.trainer.state(), at_most)
     except CheckpointMismatch as e:  # a user's change (--allow_config_change), in one line
       raise ConfigError(f"{e}: this config's model or optimizer state differs from the one "
                         f"the checkpoints were saved with; resume with that config, or give "
@@ -197,6 +212,23 @@ class Loop:
     """Run to the last step; returns (counters, last evaluation)."""
     preemption.loop_started()
     start = self.restore()
+    try:
+      self.open(start)
+      pending = None
+      for step in range(start + 1, self.steps + 1):
+        if self.stopped():
+          break
+        if preemption.requested():
+          self._save_for_preemption(pending)
+        pending = self.step(step, pending)
+      self.flush(pending)
+    finally:
+      self.close()
+    return self.result()
+
+  def open(self, start: int) -> None:
+    """After the restore of `start`: the run directory's config and metrics, and the starting
+    policy's evaluation of a new run."""
     # Only once the checkpoint restored into this config's arrays: a resume that fails (a
     # model of another shape allowed by --allow_config_change) leaves config.json and the
     # config history as they were, and the original command still resumes.
@@ -206,37 +238,43 @@ class Loop:
                                 restore=self.metrics_rows)
     self.progress = Progress(self.steps, self.cfg.train.log_every, start)
     self.t_run = time.time() - self.counters["wall_time"]
+    if start == 0 and self.eval_at_start:
+      self._evaluate_start()
+    self.t_prev_end = time.time()
+
+  def step(self, step: int, pending: Pending | None) -> Pending | None:
+    """Run `step`: its decode dispatched, the previous step finished, its update dispatched
+    (and finished now when it evaluates or saves); the step still pending, or None."""
+    begun = self.trainer.begin(step)
+    if pending is not None:  # step N's metrics, fetched while step N+1 is dispatched
+      self.finish(pending)
+    before = self.trainer.counters[self.trainer.sample_key]
+    pending = self.trainer.complete(step, begun, self.t_prev_end)
+    self.seen = {step: (before, self.trainer.counters[self.trainer.sample_key])}
+    self.steps_run += 1
+    if self.eval_due(step) or self.checkpoint_due(step):
+      self.finish(pending)  # evaluation and checkpoints need this step's parameters now
+      return None
+    return pending
+
+  def flush(self, pending: Pending | None) -> None:
+    if pending is not None:
+      self.finish(pending)
+
+  def close(self) -> None:
     try:
-      if start == 0 and self.eval_at_start:
-        self._evaluate_start()
-      pending = None
-      self.t_prev_end = time.time()
-      for step in range(start + 1, self.steps + 1):
-        if self.stopped():
-          break
-        if preemption.requested():
-          self._save_for_preemption(pending)
-        begun = self.trainer.begin(step)
-        if pending is not None:  # step N's metrics, fetched while step N+1 is dispatched
-          self.finish(pending)
-        before = self.trainer.counters[self.trainer.sample_key]
-        pending = self.trainer.complete(step, begun, self.t_prev_end)
-        self.seen = {step: (before, self.trainer.counters[self.trainer.sample_key])}
-        self.steps_run += 1
-        if self.eval_due(step) or self.checkpoint_due(step):
-          self.finish(pending)  # evaluation and checkpoints need this step's parameters now
-          pending = None
-      if pending is not None:
-        self.finish(pending)
-    finally:
       self.ckpt.close()
-      self.writer.close()
+    finally:
+      if getattr(self, "writer", None) is not None:
+        self.writer.close()
+
+  def result(self) -> tuple[dict[str, Any], dict[str, float]]:
     return {**self.counters, **self.trainer.counters}, self.last_eval
 
   def _evaluate_start(self) -> None:
     """The starting policy's evaluation: the point every curve starts from (step 0)."""
     t = time.time()
-    self.last_eval = self.trainer.evaluate(0)
+    self.last_eval = self.trainer.evaluate(0, self.eval_stop(0))
     self.writer.write(0, {**self.last_eval, **self.trainer.counters, "wall_time": 0.0,
                           "time/eval": time.time() - t})
     logging.info("starting policy: %s", {k: round(float(v), 4) for k, v in self.last_eval.items()})
@@ -245,7 +283,7 @@ class Loop:
 
   def finish(self, p: Pending) -> None:
     """Fetch a step's metrics, check them, evaluate and save when due, write its row."""
-    fetched = jax.device_get(p.device)
+    fetched = self.trainer.fetch(p) if hasattr(self.trainer, "fetch") else jax.device_get(p.device)
     now = time.time()
     p.phases[p.update_phase] = now - p.t_update - sum(p.update_phases.values())
     p.phases.update(p.update_phases)
@@ -256,7 +294,7 @@ class Loop:
     out = self.trainer.metrics(p, fetched)
     if self.eval_due(p.step):
       t = time.time()
-      self.last_eval = self.trainer.evaluate(p.step)
+      self.last_eval = self.trainer.evaluate(p.step, self.eval_stop(p.step))
       p.phases["eval"] = time.time() - t
       out.update(self.last_eval)
       self.counters["wall_time"] = time.time() - self.t_run
@@ -298,13 +336,17 @@ class Loop:
 
   def _save_for_preemption(self, pending: Pending | None) -> None:
     """Finish the step in flight, save it, and stop with preemption.Preempted."""
+    raise preemption.Preempted(self.save_in_flight(pending))
+
+  def save_in_flight(self, pending: Pending | None) -> int:
+    """Finish the step in flight and save it (preemption); its step."""
     if pending is not None:
       self.finish(pending)  # saves it when due
     step = self.counters["step"]
     if step and self.ckpt.latest_step() != step:
       self.save(step)
     logging.warning("preempted: saved step %d in %s", step, self.workdir)
-    raise preemption.Preempted(step)
+    return step
 
   def _check_target(self) -> None:
     tgt, c = self.target, self.counters

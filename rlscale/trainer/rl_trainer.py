@@ -220,31 +220,21 @@ class RLTrainer:
     if self.overlap and step < self.plan.num_steps:  # the sampler's next step, before the update
       self.prefetched = self._dispatch(step + 1, step - 1)
     t = time.time()
-    repeated = [p for p in b.problems for _ in range(self.plan.group_size)]
-    rewards, correct, finished = rollout.score(self.env.task, repeated, toks, rmask,
-                                               self.env.task.tokenizer.eos_ids)
+    scored = rollout.score_step(self.env.task, b.problems, self.plan.group_size, toks, rmask,
+                                b.prompt_mask, self.group_relative)
     phases["reward"] = time.time() - t
     seq = rollout.sequence_batch(b.prompt_tokens, b.prompt_mask, b.rollout, self.env.mesh,
                                  self.env.rules)
-    scores = sharding.put_batch(rewards, self.env.mesh, self.env.rules)
+    scores = sharding.put_batch(scored.rewards, self.env.mesh, self.env.rules)
     sample_logp, = roles.to_mesh([b.rollout.logprobs], self.env.mesh, self.env.rules)
     more_phases, host = self.algo.prepare(seq, sample_logp, scores)
     phases.update(more_phases)
-    host.update(rollout.reward_metrics(rewards, correct, finished, rmask, self.plan.group_size))
-    plen, rlen = b.prompt_mask.sum(axis=1), rmask.sum(axis=1)
-    host["train_tokens"] = int(distributed.global_sum(rlen.sum() + plen.sum()))
+    host.update(scored.metrics)
     host["rollout/policy_lag"] = (step - 1) - b.version  # updates between sampling and training
-    codes = group_filter.group_signal(rewards.reshape(-1, self.plan.group_size),
-                                      correct.reshape(-1, self.plan.group_size))
-    informative = int(distributed.global_sum(np.sum(codes == group_filter.INFORMATIVE)))
-    fractions = {}  # a critic-based algorithm learns from groups of equal rewards too
-    if self.group_relative:
-      fractions = {k: distributed.global_mean(v)
-                   for k, v in group_filter.reason_fractions(codes).items()}
     host.update(self._sample_axis(self.plan.responses, self.plan.responses,
-                                  informative * self.plan.group_size, host["response_tokens"],
-                                  fractions, rounds=1))
-    return self._update(step, b, seq, host, phases, t_start, plen, rlen)
+                                  scored.informative * self.plan.group_size,
+                                  host["response_tokens"], scored.fractions, rounds=1))
+    return self._update(step, b, seq, host, phases, t_start, scored.plen, scored.rlen)
 
   def _sample_axis(self, generated: int, trained: int, informative: int, tokens: int,
                    fractions: dict[str, float], rounds: int) -> dict[str, Any]:
@@ -253,15 +243,10 @@ class RLTrainer:
     optimizer step: a group-relative algorithm learns nothing from a group of equal
     rewards; a critic-based one learns from every response)."""
     effective = informative if self.group_relative else trained
-    self.counters["responses_seen"] += generated
-    self.counters["responses_trained"] += trained
-    self.counters["tokens_seen"] += tokens
     for m in self.algo.models.values():
       m.follow_batch(effective if m.name == "actor" else trained)
-    return {"rollout/responses_generated": generated, "rollout/responses_trained": trained,
-            "rollout/effective_responses": effective,
-            "rollout/effective_batch": self.plan.effective_batch(effective),
-            "rollout/rounds": rounds, **fractions}
+    return rollout.advance(self.counters, self.plan, generated, trained, effective, tokens,
+                           fractions, rounds)
 
   def _complete_refilled(self, step: int, b: Begun, t_start: float) -> Pending:
     """Dynamic sampling's step: rounds until P informative groups (refill.py), then the
@@ -367,8 +352,9 @@ class RLTrainer:
       out["mfu/step"] = sum(step_flops.values()) / wall / (self.peak * jax.device_count())
     return out
 
-  def evaluate(self, step: int) -> dict[str, float]:
-    return self.evaluator(self.sampler_params, jax.random.fold_in(self.key, EVAL_KEY + step))
+  def evaluate(self, step: int, stop=None) -> dict[str, float]:
+    return self.evaluator(self.sampler_params, jax.random.fold_in(self.key, EVAL_KEY + step),
+                          stop)
 
   def progress(self, row: dict[str, Any], last_eval: dict[str, float]) -> dict[str, Any]:
     return {"responses": self.counters["responses_seen"], "reward": float(row["reward/mean"]),

@@ -91,3 +91,47 @@ def group_metrics(rewards_GxN, correct, finished, lengths) -> dict[str, Any]:
           "reward/unsolved_groups": float((~c.any(axis=1)).mean()),
           "response/length_mean": float(np.mean(lengths)),
           "response/length_max": int(np.max(lengths)), "response_tokens": int(np.sum(lengths))}
+
+
+class Scored(NamedTuple):
+  """A step's responses scored on the host: this process's rows."""
+  rewards: np.ndarray  # [B] float32
+  plen: np.ndarray  # [B] prompt tokens
+  rlen: np.ndarray  # [B] response tokens
+  metrics: dict[str, Any]  # reward_metrics and train_tokens, over every process
+  informative: int  # groups whose rewards differ, over every process
+  fractions: dict[str, float]  # why the others carry no signal (group-relative algorithms)
+
+
+def score_step(task: Task, problems: Sequence[Problem], group_size: int, tokens: np.ndarray,
+               resp_mask: np.ndarray, prompt_mask: np.ndarray,
+               group_relative: bool) -> Scored:
+  """Score a step's responses (G per problem, in order) and its host metrics."""
+  from rlscale.trainer import group_filter
+  repeated = [p for p in problems for _ in range(group_size)]
+  rewards, correct, finished = score(task, repeated, tokens, resp_mask, task.tokenizer.eos_ids)
+  metrics = reward_metrics(rewards, correct, finished, resp_mask, group_size)
+  plen, rlen = prompt_mask.sum(axis=1), resp_mask.sum(axis=1)
+  metrics["train_tokens"] = int(distributed.global_sum(rlen.sum() + plen.sum()))
+  codes = group_filter.group_signal(rewards.reshape(-1, group_size),
+                                    correct.reshape(-1, group_size))
+  informative = int(distributed.global_sum(np.sum(codes == group_filter.INFORMATIVE)))
+  fractions = {}  # a critic-based algorithm learns from groups of equal rewards too
+  if group_relative:
+    fractions = {k: distributed.global_mean(v)
+                 for k, v in group_filter.reason_fractions(codes).items()}
+  return Scored(rewards, plen, rlen, metrics, informative, fractions)
+
+
+def advance(counters: dict[str, Any], plan, generated: int, trained: int, effective: int,
+            tokens: int, fractions: dict[str, float], rounds: int) -> dict[str, Any]:
+  """A step's sample axis: the counters advanced (responses generated, which time to target
+  counts; trained; tokens) and its metrics, with the effective batch (informative responses
+  per optimizer step)."""
+  counters["responses_seen"] += generated
+  counters["responses_trained"] += trained
+  counters["tokens_seen"] += tokens
+  return {"rollout/responses_generated": generated, "rollout/responses_trained": trained,
+          "rollout/effective_responses": effective,
+          "rollout/effective_batch": plan.effective_batch(effective),
+          "rollout/rounds": rounds, **fractions}

@@ -115,8 +115,9 @@ class SFTTrainer:
   def rates(self, p: Pending, wall: float) -> dict:
     return {"throughput/examples_per_s": self.batch_size / wall}
 
-  def evaluate(self, step: int) -> dict:
-    return self.evaluator(self.train_state.params, jax.random.fold_in(self.key, 10**6 + step))
+  def evaluate(self, step: int, stop=None) -> dict:
+    return self.evaluator(self.train_state.params, jax.random.fold_in(self.key, 10**6 + step),
+                          stop)
 
   def progress(self, row: dict, last_eval: dict) -> dict:
     return {"loss": float(row["sft/loss"]), "eval acc": last_eval.get("eval/accuracy_greedy")}
