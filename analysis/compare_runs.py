@@ -6,7 +6,7 @@ target, as report.py measures them, without a study around them.
     python analysis/compare_runs.py runs/ds --x trained   # responses that entered an update
 
 For each run: B (responses per optimizer step, also in prompts; rlscale/plan/batch.py), effective lr,
-responses to target (the crossing of the monotone fit of its evaluations, rlscale/metrics/crossing.py:
+responses to target (the first crossing of its evaluations, rlscale/metrics/crossing.py:
 it does not depend on how often the run evaluates) and time to target (that over the run's
 responses per second), both relative to the reference, its optimizer steps to target, and its
 final B_simple. A run is *invariant* (one-sided, DESIGN.md) when it needs at most

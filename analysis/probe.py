@@ -16,8 +16,8 @@ critical batch is where a larger batch stops making the same progress per sample
   (the largest batch's, when progress per sample falls with B): that batch reaches it at about
   `gain` of its budget and every other batch sooner, so every batch's E is measured, none
   censored at the budget.
-- E(B, seed): the responses a branch took to gain that much, the first crossing of the
-  monotone fit of its evaluations (rlscale/metrics/crossing.py, the study's reading); inf when
+- E(B, seed): the responses a branch took to gain that much, the first crossing of its
+  evaluations (rlscale/metrics/crossing.py, the study's reading); inf when
   it never did.
 - B_crit: `analysis.fits.critical_batch` on {B: E per seed}, the study's estimator: E = E_min
   (1 + B/B_crit), its interval from resampling the seeds, and "not identified" with its

@@ -126,10 +126,10 @@ def _definitions(study) -> list[str]:
       "interval is a percentile bootstrap, each side resampled within itself; its coverage, "
       "measured by simulation at the seed counts used, is" + (f" {ratio}" if ratio else
                                                               " printed beside it") + ".",
-      "- **Responses to target** = where the monotone (isotonic) fit of the raw evaluations "
-      "first reaches the target, interpolated between the two fitted evaluations around it "
-      "(rlscale/metrics/crossing.py): no smoothing window, so it does not depend on how often a run "
-      "evaluates; a PPO critic's warm-up responses are subtracted (shown beside). Never "
+      "- **Responses to target** = where the raw evaluations first reach the target, "
+      "interpolated between that evaluation and the one before (rlscale/metrics/crossing.py): "
+      "no smoothing window, and no later evaluation moves it, so it does not depend on how "
+      "often a run evaluates; a PPO critic's warm-up responses are subtracted (shown beside). Never "
       "reached = ∞ ('not reached (final X)'). **Steps to target** = the actor's optimizer "
       f"steps by then; fewer than {o.min_steps} is flagged as a transient.",
       "- **Time to target** = responses to target / steady throughput (median over steps ≥ 2 "

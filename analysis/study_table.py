@@ -9,7 +9,7 @@ it.
 What the rows measure (DESIGN.md, "Analysis: what a study reports"), every count of responses
 on the study's sample axis (Options.x, analysis/runs.py AXES: responses generated, the sample
 cost, or responses trained, those that entered an update):
-- responses to target: the crossing of the monotone fit of the run's raw evaluations
+- responses to target: the first crossing of the run's raw evaluations, interpolated
   (rlscale/metrics/crossing.py), less a PPO critic's warm-up responses (the actor did not train in
   them; stated beside); never smoothed over evaluations, so it does not depend on how often a
   run evaluates;
@@ -235,8 +235,8 @@ def warmup_responses(run: Run, x: str = GENERATED) -> float:
 
 
 def responses_to_target(run: Run, metric: str, target: float, x: str = GENERATED) -> float:
-  """Responses on axis `x` the actor trained through until the monotone fit of its
-  evaluations reached `target` (rlscale/metrics/crossing.py); +inf when never reached."""
+  """Responses on axis `x` the actor trained through until its evaluations first reached
+  `target` (rlscale/metrics/crossing.py); +inf when never reached."""
   xs, y = eval_curve(run, metric, x)
   if xs.size == 0:
     return math.inf
@@ -575,7 +575,7 @@ def _add_outcomes(study: Study):
       cols[f"g2_{unit}"].append(g2)
       cols[f"trace_{unit}"].append(tr * per if not math.isnan(tr) else math.nan)
     # How far the curve fell below the target after an evaluation first reached it (a
-    # collapse; a run that collapses for good has no monotone crossing, but still this).
+    # collapse after the crossing, which keeps its crossing).
     hit = np.flatnonzero(y >= t) if ok else np.zeros(0, int)
     cols["drop_after_target"].append(float(max(0.0, t - y[hit[0]:].min())) if hit.size
                                      else math.nan)

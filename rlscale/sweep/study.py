@@ -13,8 +13,8 @@ or an override value "{key}" (the choice of the point's own group, e.g. its p) o
 "{key:p=2}" (the choice of the group p=2, e.g. the reference batch's). Two points that resolve
 to the same overrides are run once.
 
-The choice is the value whose *slowest* seed reaches the study's target first (the crossing of
-the monotone fit of each run's evaluations, rlscale/metrics/crossing.py; a seed that never reaches it
+The choice is the value whose *slowest* seed reaches the study's target first (the first
+crossing of each run's evaluations, rlscale/metrics/crossing.py; a seed that never reaches it
 counts as infinite), then the lower median, then the higher final value, among the stable
 values: those whose median final value is within `band` of the best one's and none of whose
 seeds fell more than `band` below the target after reaching it. Chosen by its median, a rate at
@@ -160,7 +160,7 @@ def choose(runs: list[dict[str, Any]], key: str, band: float = math.inf
 def stage_results(sweep_dir: str, metric: str | None = None,
                   target: float | None = None) -> list[dict[str, Any]]:
   """The done points of a stage: overrides, responses to `target` of `metric` (default: each
-  run's config target) by the monotone crossing, the base and final values of the metric."""
+  run's config target) by the first crossing, the base and final values of the metric."""
   from rlscale.sweep import manifest as mf
   m = mf.load(sweep_dir)
   out = []

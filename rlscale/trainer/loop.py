@@ -151,12 +151,16 @@ class Loop:
     eval.adaptive); in stages until the target metric's side of the target is settled,
     before the run reached its target; the first stage alone after it (the study reads the
     first crossing: no later evaluation moves it)."""
-    e = self.cfg.eval
-    if not self.target or not e.get("adaptive"):
+    e = self.cfg.get("eval")
+    if not self.target or not e or not e.get("adaptive"):
       return None
     from rlscale.trainer.evaluation import Stop
     return Stop(self.target.metric, float(self.target.value), float(e.adaptive_z),
                 first_only="responses_to_target" in self.counters)
+
+  def _evaluate(self, step: int) -> dict[str, float]:
+    stop = self.eval_stop(step)
+    return self.trainer.evaluate(step) if stop is None else self.trainer.evaluate(step, stop)
 
   def checkpoint_due(self, step: int) -> bool:
     return self._due(self.cfg.train.checkpoint_every, step) or self.stopped()
@@ -274,7 +278,7 @@ class Loop:
   def _evaluate_start(self) -> None:
     """The starting policy's evaluation: the point every curve starts from (step 0)."""
     t = time.time()
-    self.last_eval = self.trainer.evaluate(0, self.eval_stop(0))
+    self.last_eval = self._evaluate(0)
     self.writer.write(0, {**self.last_eval, **self.trainer.counters, "wall_time": 0.0,
                           "time/eval": time.time() - t})
     logging.info("starting policy: %s", {k: round(float(v), 4) for k, v in self.last_eval.items()})
@@ -294,7 +298,7 @@ class Loop:
     out = self.trainer.metrics(p, fetched)
     if self.eval_due(p.step):
       t = time.time()
-      self.last_eval = self.trainer.evaluate(p.step, self.eval_stop(p.step))
+      self.last_eval = self._evaluate(p.step)
       p.phases["eval"] = time.time() - t
       out.update(self.last_eval)
       self.counters["wall_time"] = time.time() - self.t_run

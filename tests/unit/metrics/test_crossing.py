@@ -1,8 +1,10 @@
-"""rlscale/metrics/crossing.py: responses to target that do not depend on how often a run evaluates.
+"""rlscale/metrics/crossing.py: responses to target that neither the evaluation spacing nor a
+later evaluation moves.
 
-Why: a trailing mean over 3 evaluations read one noiseless
-curve as crossing at 2,278, 2,973 and 4,818 responses when evaluated every 512, 1,024 and 2,048
-(true 1,687). Tolerances are stated beside each assertion and were set before the first run.
+Why: a trailing mean over 3 evaluations read one noiseless curve as crossing at 2,278, 2,973
+and 4,818 responses when evaluated every 512, 1,024 and 2,048 (true 1,687); a monotone fit read
+0.40, 0.43, 0.36, 0.44 at 1,024 ... 1,408 responses as crossing 0.41 at 1,319 (raw: 1,067).
+Tolerances are stated beside each assertion and were set before the first run.
 """
 
 import math
@@ -32,12 +34,14 @@ def test_monotone_fit_pools_adjacent_violators_by_hand():
   assert crossing.monotone([]).size == 0
 
 
-def test_first_crossing_interpolates_the_fit_by_hand():
+def test_first_crossing_interpolates_the_raw_evaluations_by_hand():
   x = [0, 10, 20, 30, 40]
   assert crossing.first_crossing(x, [0.0, 0.2, 0.4, 0.6, 0.8], 0.5) == pytest.approx(25.0)
-  # A blip above the target at x=10 is pooled with the dip after it: fit [0, .35, .35, .6, .8].
+  # The review's curve: a dip after the crossing does not move it (a monotone fit said 1,319).
+  assert crossing.first_crossing([1024, 1152, 1280, 1408], [0.40, 0.43, 0.36, 0.44],
+                                 0.41) == pytest.approx(1024 + 128 / 3)
   assert crossing.first_crossing(x, [0.0, 0.6, 0.1, 0.6, 0.8], 0.5) == pytest.approx(
-      20 + (0.5 - 0.35) / (0.6 - 0.35) * 10)
+      10 * 0.5 / 0.6)
   assert crossing.first_crossing(x, [0.0, 0.2, 0.4, 0.45, 0.3], 0.5) == math.inf
   assert crossing.first_crossing(x, [0.9, 0.1, 0.1, 0.1, 0.9], 0.3) == 0.0
   assert crossing.bracket(x, [0.0, 0.2, 0.4, 0.6, 0.8], 0.5) == (20.0, 30.0)
@@ -45,13 +49,22 @@ def test_first_crossing_interpolates_the_fit_by_hand():
     crossing.first_crossing([0, 10, 10], [0, 1, 2], 0.5)
 
 
-def test_never_earlier_than_the_raw_evaluations():
-  rng = np.random.default_rng(0)
-  x = np.arange(0, 8192, 128.0)
-  for _ in range(50):
-    y = curve(x, 3000) + 0.02 * rng.standard_normal(x.size)
-    raw = x[np.argmax(y >= 0.4)] if (y >= 0.4).any() else math.inf
-    assert crossing.first_crossing(x, y, 0.4) >= raw - 128  # within the bracket before it
+@pytest.mark.parametrize("spacing", [256, 512, 1024, 2048, 4096])
+@pytest.mark.parametrize("dip", [1, 2, 3])
+def test_a_dip_or_a_collapse_after_the_crossing_does_not_move_it(spacing, dip):
+  """Dips of 1-3 evaluations (to 0.05 below the target) right after the crossing, at every
+  spacing the study uses: the crossing moves by less than 5% (here: not at all)."""
+  c_mid, target = 6000.0, 0.45
+  x = np.arange(0, 8 * c_mid, spacing, dtype=float)
+  y = curve(x, c_mid)
+  clean = crossing.first_crossing(x, y, target)
+  after = int(np.flatnonzero(y >= target)[0]) + 1
+  dipped = y.copy()
+  dipped[after:after + dip] = target - 0.05
+  assert abs(crossing.first_crossing(x, dipped, target) / clean - 1) < 0.05
+  collapsed = y.copy()
+  collapsed[after:] = 0.1  # a late collapse keeps the crossing the run made
+  assert crossing.first_crossing(x, collapsed, target) == clean
 
 
 @pytest.mark.parametrize("c_mid", [6000.0, 12000.0])
@@ -73,33 +86,24 @@ def test_identical_noiseless_curves_at_any_spacing_agree_within_5_percent(c_mid)
   assert abs(got[256] / truth - 1) < 0.01
 
 
-def test_noisy_curves_at_any_spacing_agree_within_5_percent():
-  """Evaluation noise of a 2,000-problem held-out set (0.011): the raw first crossing moves
-  earlier the more often a run evaluates (more chances to poke above); the monotone fit's
-  median over 200 runs stays within 5% across spacings and of the truth."""
-  c_mid, target = 8000.0, 0.45
-  truth = true_crossing(c_mid, target)
+@pytest.mark.parametrize("evals", [10, 20])
+def test_noisy_curves_at_any_spacing_agree_within_5_percent(evals):
+  """Evaluation noise of the study's 2,000-problem held-out set (0.011, under a quarter of its
+  band of 0.05): the raw first crossing reads early when noise pokes above the target, the
+  more so the flatter the curve is per evaluation. A curve that crosses after 10 or 20
+  evaluations (the study's: 7-23), whatever the spacing from 256 to 4,096 responses, has its
+  median over 400 runs within 5% of the truth: the spacing, which grows with B, adds no bias.
+  (A curve that climbs 0.003 per evaluation near the target reads ~5% early.)"""
+  target = 0.45
   rng = np.random.default_rng(1)
-  med = {}
   for h in (256, 512, 1024, 2048, 4096):
-    x = np.arange(0, 12 * truth, h, dtype=float)
-    med[h] = np.median([crossing.first_crossing(x, curve(x, c_mid) + 0.011 *
-                                                rng.standard_normal(x.size), target)
-                        for _ in range(200)])
-  for h, v in med.items():
-    assert abs(v / truth - 1) < 0.05, (h, v, truth)
-
-
-def test_a_collapsing_seed_is_read_where_it_stays_not_where_it_touched():
-  """A reference seed that pokes above the target, collapses and recovers later: the monotone
-  fit pools the collapse, so its crossing is where the run got there to stay."""
-  x = np.arange(0, 4096, 128.0)
-  clean = crossing.first_crossing(x, curve(x, 800), 0.35)  # 758 without the collapse (1,960 with)
-  y = curve(x, 800)
-  y[(x >= 1280) & (x < 2048)] = 0.2  # a collapse after the curve passed the target
-  got = crossing.first_crossing(x, y, 0.35)
-  assert clean < 1280 and got > 1.3 * clean, (clean, got)
-  assert got <= 2048 + 128
+    c_mid = evals * h / true_crossing(1.0, target)  # its truth `evals` evaluations in
+    truth = true_crossing(c_mid, target)
+    x = np.arange(0, 4 * truth, h, dtype=float)
+    med = np.median([crossing.first_crossing(x, curve(x, c_mid) + 0.011 *
+                                             rng.standard_normal(x.size), target)
+                     for _ in range(400)])
+    assert abs(med / truth - 1) < 0.05, (h, med, truth)
 
 
 def test_run_crossing_reads_metrics_rows_and_subtracts_an_offset():

@@ -1,0 +1,210 @@
+"""How many of a study's runs an hour buys: a fixed slice of the CPU study, before and after.
+
+    python benchmarks/study_throughput.py --before=REV            # the slice at REV, then here
+    python benchmarks/study_throughput.py --slice=scan --before=REV   # 5 rates at one batch
+
+`--slice=study` (the default) is the shipped study's verdict runs of GRPO on the chained-sum
+testbed at three batches (P = 1, 2, 8 of G = 8: B = 8, 16, 64), each at its chosen rate and at
+the reference batch's (docs/study's choices), three seeds, plus PPO at one batch (P = 8 of
+G = 4) at its chosen rate, three seeds: 18 runs of 2,560 (GRPO) and 3,072 (PPO) responses,
+evaluated every 128. `--slice=scan`: five learning rates at P = 2, one seed, one at a time
+(what a rate scan compiles). Each side runs the slice as sweeps of its own code
+(launch/sweep.py, in a git worktree of REV as benchmarks/same_numbers.py does, or this
+checkout), `--parallel` points at a time, each on its own cores, from an empty compilation
+cache and a base policy built beforehand (not timed). The side "after" uses what this
+checkout offers a study: evaluation in stages (--after_overrides) and runs side by side
+(--vectorize, --max_lanes); "before" runs the points as the study did.
+
+Reported per side: runs per hour (runs / wall time), CPU-seconds per run (the processes'
+user + system time), compile seconds (XLA's, from the runs' logs: JAX_LOG_COMPILES), the
+evaluation's share of the steps' time and the held-out rows scored per run. The last line is
+one JSON object with `runs_per_hour`, `runs_per_hour_before` and their `speedup`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+GRPO, PPO = "configs/grpo_chain_sum.py", "configs/ppo_chain_sum.py"
+SAMPLED = {"eval.greedy": False, "eval.sampled": True, "target.metric": "eval/accuracy_sampled",
+           "target.value": 0.41}  # the shipped study's target
+GRPO_RATES = {1: 7.07e-05, 2: 0.000141, 8: 0.000283}  # docs/study/study.json's choices
+PPO_P, PPO_RATE = 8, 0.0002
+SEEDS = (3, 4, 5)
+AFTER = {"eval.adaptive": True, "eval.generation_batch": 250}
+
+_CONFIG = '''"""A benchmark's slice: {base} with one sweep of the points below."""
+import importlib.util
+import os
+
+_spec = importlib.util.spec_from_file_location(
+    "slice_base", os.path.join({tree!r}, {base!r}))
+_base = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_base)
+POINTS = {points!r}
+
+
+def get_config(arg=None):
+  return _base.get_config(arg)
+
+
+def sweeps(arg=None):
+  return {{"slice": POINTS}}
+'''
+
+
+def grpo_points(extra: dict) -> list[dict]:
+  common = {"g": 8, "responses": 2560, "train.eval_every_responses": 128, **SAMPLED,
+            "optim.lr_scaling": "none", "optim.reference_batch": 16, **extra}
+  out = []
+  for p, lr in GRPO_RATES.items():
+    for rate in sorted({lr, GRPO_RATES[2]}):
+      out += [{"p": p, "lr": rate, "seed": s, **common} for s in SEEDS]
+  return out
+
+
+def ppo_points(extra: dict) -> list[dict]:
+  return [{"p": PPO_P, "critic.warmup_steps": 16, "optim.lr": PPO_RATE, "seed": s, "g": 4,
+           "responses": 3072, "rl.num_minibatches": 1, "critic.num_minibatches": 1,
+           "train.eval_every_responses": 128, **SAMPLED, "optim.lr_scaling": "none",
+           "optim.reference_batch": 32, **extra} for s in SEEDS]
+
+
+def scan_points(extra: dict) -> list[dict]:
+  return [{"p": 2, "g": 8, "lr": lr, "seed": 0, "responses": 512,
+           "train.eval_every_responses": 128, **SAMPLED, "optim.lr_scaling": "none",
+           "optim.reference_batch": 16, **extra}
+          for lr in (5e-5, 7.07e-05, 0.0001, 0.000141, 0.0002)]
+
+
+def _tree(rev: str | None, root: str, tmp: str, name: str) -> str:
+  if rev is None:
+    return root
+  path = os.path.join(tmp, name)
+  subprocess.run(["git", "-C", root, "worktree", "add", "--detach", "-q", path, rev], check=True)
+  return path
+
+
+def _children_cpu() -> float:
+  r = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return r.ru_utime + r.ru_stime
+
+
+def run_side(tree: str, out: str, sweeps: list[tuple[str, list[dict]]], parallel: int,
+             flags: list[str], base_cache: str) -> dict:
+  """Run each (config, points) sweep with `tree`'s code; the side's figures."""
+  env = dict(os.environ, PYTHONPATH=tree, JAX_PLATFORMS="cpu", JAX_LOG_COMPILES="1",
+             RLSCALE_COMPILATION_CACHE=os.path.join(out, "xla_cache"))
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  env.pop("XLA_FLAGS", None)
+  runs, wall, cpu = 0, 0.0, 0.0
+  for i, (base, points) in enumerate(sweeps):
+    points = [{**p, "init.cache_dir": base_cache} for p in points]
+    path = os.path.join(out, f"slice{i}.py")
+    with open(path, "w") as f:
+      f.write(_CONFIG.format(base=base, tree=tree, points=points))
+    workdir = os.path.join(out, f"sweep{i}")
+    # The base policy first, untimed (a study builds it once; the base is cached).
+    subprocess.run([sys.executable, os.path.join(tree, "launch", "main.py"), f"--config={path}",
+                    f"--config.init.cache_dir={base_cache}", "--base_policy_only",
+                    f"--workdir={os.path.join(out, 'base_run')}"],
+                   cwd=tree, env=env, check=True, capture_output=True)
+    argv = [sys.executable, os.path.join(tree, "launch", "sweep.py"), f"--config={path}",
+            "--sweep=slice", f"--workdir={workdir}", f"--parallel={parallel}", *flags]
+    cpu0, t0 = _children_cpu(), time.time()
+    p = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True)
+    wall += time.time() - t0
+    cpu += _children_cpu() - cpu0
+    if p.returncode:
+      raise SystemExit(f"study_throughput.py: the sweep of {base} failed in {tree} "
+                       f"(exit {p.returncode}):\n" + "\n".join(p.stderr.splitlines()[-20:]))
+    runs += len(points)
+  return {"runs": runs, "wall_s": round(wall, 1), "runs_per_hour": round(runs * 3600 / wall, 1),
+          "cpu_s_per_run": round(cpu / runs, 1), **_from_runs(out)}
+
+
+_COMPILE = re.compile(r"Finished XLA compilation of .* in ([0-9.e-]+) sec")
+
+
+def _from_runs(out: str) -> dict:
+  """Compile seconds (the logs), evaluation share and held-out rows (metrics.jsonl)."""
+  compile_s, programs = 0.0, 0
+  logs = glob.glob(os.path.join(out, "sweep*", "*", "launch.log"))
+  logs += glob.glob(os.path.join(out, "sweep*", "lanes", "*.log"))
+  for path in logs:
+    with open(path, errors="replace") as f:
+      for m in _COMPILE.finditer(f.read()):
+        compile_s += float(m.group(1))
+        programs += 1
+  step_s = eval_s = rows = 0.0
+  metrics = glob.glob(os.path.join(out, "sweep*", "*", "metrics.jsonl"))
+  for path in metrics:
+    with open(path) as f:
+      for line in f:
+        r = json.loads(line)
+        step_s += r.get("time/step", 0.0)
+        eval_s += r.get("time/eval", 0.0)
+        if "eval/accuracy_sampled" in r:
+          rows += r.get("eval/rows", 2000)
+  n = max(len(metrics), 1)
+  return {"compile_s_per_run": round(compile_s / n, 2), "programs_per_run": round(programs / n, 1),
+          "eval_share": round(eval_s / max(step_s, 1e-9), 3),
+          "eval_rows_per_run": round(rows / n)}
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--before", help="the commit to compare with (default: this checkout alone)")
+  ap.add_argument("--slice", choices=("study", "scan"), default="study")
+  ap.add_argument("--parallel", type=int, default=2, help="points at a time (each its cores)")
+  ap.add_argument("--vectorize", default="seed", help="after: launch/sweep.py --vectorize")
+  ap.add_argument("--max_lanes", type=int, default=3, help="after: points per process at most")
+  ap.add_argument("--after_overrides", default=json.dumps(AFTER),
+                  help="after: overrides every point adds (JSON)")
+  args = ap.parse_args(argv)
+  root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                        check=True).stdout.strip()
+  extra = json.loads(args.after_overrides)
+  make = ({"study": lambda e: [(GRPO, grpo_points(e)), (PPO, ppo_points(e))],
+           "scan": lambda e: [(GRPO, scan_points(e))]}[args.slice])
+  parallel = 1 if args.slice == "scan" else args.parallel
+  results = {}
+  with tempfile.TemporaryDirectory() as tmp:
+    base_cache = os.path.join(tmp, "base")
+    sides = ([("before", args.before)] if args.before else []) + [("after", None)]
+    trees = {name: _tree(rev, root, tmp, name) for name, rev in sides}
+    try:
+      for name, _ in sides:
+        after = name == "after"
+        flags = ([f"--vectorize={args.vectorize}", f"--max_lanes={args.max_lanes}"]
+                 if after and args.vectorize and args.slice != "scan" else [])
+        out = os.path.join(tmp, name)
+        os.makedirs(out)
+        results[name] = run_side(trees[name], out, make(extra if after else {}), parallel,
+                                 flags, base_cache)
+        print(json.dumps({"side": name, "slice": args.slice, **results[name]}), flush=True)
+    finally:
+      for name, tree in trees.items():
+        if tree != root:
+          subprocess.run(["git", "-C", root, "worktree", "remove", "--force", tree], check=False)
+  last = {"slice": args.slice, "runs_per_hour": results["after"]["runs_per_hour"],
+          "cpu_s_per_run": results["after"]["cpu_s_per_run"]}
+  if "before" in results:
+    b = results["before"]
+    last.update(runs_per_hour_before=b["runs_per_hour"], cpu_s_per_run_before=b["cpu_s_per_run"],
+                speedup=round(results["after"]["runs_per_hour"] / b["runs_per_hour"], 2))
+  print(json.dumps(last))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,180 @@
+"""Runs side by side (--seeds, --lanes, a sweep's --vectorize): each lane is its run alone.
+
+Real processes on one CPU device per run (the tests' 8 simulated devices would lay a run out
+anew): the non-degenerate tiny GRPO recipe of tests/support/workers/two_process_rl.py, whose
+rewards and gradients are not zero.
+
+What held on this machine (and is asserted): a lane's decode runs the program of its run
+alone, so its first step's sampled responses and every metric of step 1 are identical; its
+update is compiled inside the mapped program, whose fusions may order a sum differently, so
+later steps agree within LANE_RTOL (LANE_ATOL for numbers that are rounding noise around 0,
+such as a KL of 1e-14) over 10 steps.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.support import REPO
+
+SFT = ("--config.init.sft_config=configs/sft.py:tiny,optim.warmup_responses=0,"
+       "train.num_steps=60,train.eval_every=0,train.checkpoint_every=0")
+MACHINE = ("time/", "memory/", "throughput/", "mfu/", "wall_time")
+LANE_RTOL, LANE_ATOL = 1e-4, 1e-9
+
+
+def _env(cache: str) -> dict:
+  xla = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                 if not f.startswith("--xla_force_host_platform_device_count"))
+  return dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS=xla, RLSCALE_COMPILATION_CACHE="off")
+
+
+def _run(args: list[str], cwd, steps: int = 10, **kw) -> subprocess.CompletedProcess:
+  argv = [sys.executable, os.path.join(REPO, "launch", "main.py"),
+          "--config=configs/grpo.py:tiny", "--config.task.partial_credit=True", SFT,
+          f"--config.train.num_steps={steps}", "--config.train.checkpoint_every=4", *args]
+  return subprocess.run(argv, cwd=cwd, env=_env(str(cwd)), capture_output=True, text=True, **kw)
+
+
+def _rows(path) -> list[dict]:
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _numbers(row: dict) -> dict:
+  return {k: v for k, v in row.items() if not k.startswith(MACHINE)}
+
+
+@pytest.fixture(scope="module")
+def side_by_side(tmp_path_factory):
+  """Seeds 0 and 1 side by side, and each alone, 10 steps (one shared base policy)."""
+  root = tmp_path_factory.mktemp("lanes")
+  alone = {}
+  for seed in (0, 1):
+    p = _run([f"--config.seed={seed}", f"--workdir=alone{seed}"], root)
+    assert p.returncode == 0, p.stderr[-3000:]
+    alone[seed] = _rows(root / f"alone{seed}" / "metrics.jsonl")
+  p = _run(["--seeds=0,1", "--workdir=side/seed={seed}"], root)
+  assert p.returncode == 0, p.stderr[-3000:]
+  side = {s: _rows(root / "side" / f"seed={s}" / "metrics.jsonl") for s in (0, 1)}
+  return root, alone, side
+
+
+@pytest.mark.slow(seconds=150)
+def test_each_lane_is_its_seed_run_alone(side_by_side):
+  root, alone, side = side_by_side
+  for seed in (0, 1):
+    a, b = side[seed], alone[seed]
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(11))
+    assert _numbers(a[0]) == _numbers(b[0])  # the starting evaluation: same samples
+    assert _numbers(a[1]) == _numbers(b[1])  # step 1: the same responses, the same update
+    for x, y in zip(a[2:], b[2:]):
+      x, y = _numbers(x), _numbers(y)
+      assert set(x) == set(y)
+      for k in x:
+        if isinstance(x[k], (int, float)) and not isinstance(x[k], bool):
+          assert x[k] == pytest.approx(y[k], rel=LANE_RTOL, abs=LANE_ATOL), (x["step"], k)
+        else:
+          assert x[k] == y[k], (x["step"], k)
+  assert side[0][1]["reward/mean"] != side[1][1]["reward/mean"]  # two seeds, two runs
+  with open(root / "side" / "seed=1" / "summary.json") as f:
+    summary = json.load(f)
+  assert summary["lanes"]["count"] == 2 and summary["lanes"]["lane"] == 1
+  assert summary["seed"] == 1 and summary["compilations"]["actor"] == 1
+
+
+@pytest.mark.slow(seconds=90)
+def test_a_lane_resumes_alone_and_a_stopped_group_resumes_bit_exactly(side_by_side, tmp_path):
+  root, alone, side = side_by_side
+  # A lane's checkpoint is its run's: the run alone extends it (its own programs from there).
+  import shutil
+  shutil.copytree(root / "side" / "seed=1", tmp_path / "lane1")
+  p = _run(["--config.seed=1", f"--workdir={tmp_path / 'lane1'}",
+            "--allow_config_change=train.num_steps"], root, steps=12)
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "resumed from the checkpoint of step 10" in p.stderr
+  assert [r["step"] for r in _rows(tmp_path / "lane1" / "metrics.jsonl")] == list(range(13))
+  # A group stopped by SIGTERM once a step saved resumes to the rows of the unbroken group.
+  argv = [sys.executable, os.path.join(REPO, "launch", "main.py"),
+          "--config=configs/grpo.py:tiny", "--config.task.partial_credit=True", SFT,
+          "--config.train.num_steps=10", "--config.train.checkpoint_every=4", "--seeds=0,1",
+          f"--workdir={tmp_path}/stop/seed={{seed}}"]
+  proc = subprocess.Popen(argv, cwd=root, env=_env(str(root)), stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+  first = tmp_path / "stop" / "seed=1" / "checkpoints" / "4"
+  deadline = time.time() + 240
+  while not first.exists() and proc.poll() is None and time.time() < deadline:
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=240)
+  assert proc.returncode == 75, err[-3000:]
+  p = subprocess.run(argv, cwd=root, env=_env(str(root)), capture_output=True, text=True)
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "all resume from" in p.stderr or "resumed from the checkpoint" in p.stderr
+  for seed in (0, 1):
+    got = _rows(tmp_path / "stop" / f"seed={seed}" / "metrics.jsonl")
+    assert [_numbers(r) for r in got] == [_numbers(r) for r in side[seed]], seed
+
+
+@pytest.mark.slow(seconds=60)
+def test_a_sweep_runs_its_seeds_side_by_side(tmp_path):
+  """launch/sweep.py --vectorize=seed: two points per process, each done in its directory;
+  a group that fails marks every point failed with the group's log."""
+  from tests.support.cli import run_in_process
+  from rlscale.sweep import cli
+  from rlscale.sweep import manifest as mf
+  cli.define_flags()
+  argv = ["--config=configs/grpo.py:tiny", "--sweep=batch_invariance",
+          f"--workdir={tmp_path / 'sw'}", "--vectorize=seed", "--only=p=4,lr_scaling=sqrt"]
+  env = {"RLSCALE_COMPILATION_CACHE": "off"}
+  old = {k: os.environ.get(k) for k in env}
+  os.environ.update(env)
+  try:
+    # From a folder of its own: the config's base policy goes to its runs/base.
+    r = run_in_process(cli.main, argv + ["--dry_run"], prog="sweep.py", cwd=tmp_path)
+    assert r.returncode == 0 and "# side by side: p=4,lr_scaling=sqrt,seed=0, " in r.stdout
+    assert r.stdout.count("--lanes=") == 1 and "2 points in 1 processes" in r.stdout
+    r = run_in_process(cli.main, argv, prog="sweep.py", cwd=tmp_path)
+  finally:
+    for k, v in old.items():
+      if v is None:
+        os.environ.pop(k, None)
+      else:
+        os.environ[k] = v
+  assert r.returncode == 0, r.stderr[-3000:]
+  m = mf.load(str(tmp_path / "sw"))
+  done = [e for e in m.points if e.status == mf.DONE]
+  assert len(done) == 2 and len({e.job_id for e in done}) == 1  # one process, two runs
+  for e in done:
+    assert os.path.exists(os.path.join(e.run_dir, "summary.json"))
+    with open(os.path.join(e.run_dir, "launch.log")) as f:
+      assert "side by side with 1 other points" in f.read()
+
+
+def test_configs_that_cannot_run_side_by_side_are_refused_in_one_line(tmp_path):
+  from rlscale.config import files as config_files
+  from rlscale.config.errors import ConfigError
+  from rlscale.run import train
+  cfg = config_files.load(os.path.join(REPO, "configs", "grpo.py:tiny"))
+  cfgs, dirs = train.lane_configs(cfg, [0, 1], workdir=str(tmp_path / "s{seed}"))
+  assert [c.seed for c in cfgs] == [0, 1] and dirs[1].endswith("s1")
+  with cfgs[1].unlocked():
+    cfgs[1].rl.num_prompts = 8
+    cfgs[1].rl.kl_coef = 0.1
+  with pytest.raises(ConfigError, match="differs from .* in rl.num_prompts.*may differ only "
+                     "in seed, optim.lr"):
+    train.main_lanes(cfgs, dirs)
+  cfgs[1].rl.num_prompts = cfgs[0].rl.num_prompts
+  with pytest.raises(ConfigError, match="rl.kl_coef: 0.0 in .* 0.1 in .* which removes a term"):
+    train.main_lanes(cfgs, dirs)
+  with cfgs[0].unlocked():
+    cfgs[0].rollout.overlap = True
+  with pytest.raises(ConfigError, match="rollout.overlap=True: runs side by side need False"):
+    train.main_lanes(cfgs[:1], dirs[:1])
+  with pytest.raises(ConfigError, match=r"put \{seed\} in it"):
+    train.lane_configs(cfg, [0, 1], workdir=str(tmp_path / "one"))
