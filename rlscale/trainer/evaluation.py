@@ -42,6 +42,12 @@ class Stop:
   first_only: bool = False
 
 
+def is_settled(hits: float, rows: float, target: float, z: float) -> bool:
+  """An evaluation in stages may stop: `hits` of `rows` lie more than z standard errors of a
+  rate equal to `target` (binomial, on `rows`) from it, on either side."""
+  return abs(hits / rows - target) > z * math.sqrt(target * (1 - target) / rows)
+
+
 class Evaluator:
   """Scores the policy on the task's fixed held-out set, split over processes.
 
@@ -147,11 +153,10 @@ class Evaluator:
           sums[n][lane] += s
       start = end
       for lane in range(lanes):
-        if settled[lane] is None:
-          s = sums[name][lane]
-          p, se = s[0] / s[4], math.sqrt(stop.target * (1 - stop.target) / s[4])
-          if end == stages[-1] or abs(p - stop.target) > stop.z * se:
-            settled[lane] = {n: sums[n][lane].copy() for n in self.samplers}
+        s = sums[name][lane]
+        if settled[lane] is None and (end == stages[-1] or
+                                      is_settled(s[0], s[4], stop.target, stop.z)):
+          settled[lane] = {n: sums[n][lane].copy() for n in self.samplers}
       if all(x is not None for x in settled):
         break
     out = []
