@@ -17,7 +17,9 @@ runs. An algorithm is one file that registers a class under the name a config's 
 
 `scores` are the verifier's rewards of the step's responses, already on the mesh (sharded
 over the batch axes like every row of `batch`); metrics may stay on the device until the
-loop fetches them with the step's.
+loop fetches them with the step's. An algorithm that runs side by side (rlscale/trainer/
+lanes.py) builds its compiled functions with `Context.jit`, derives keys with
+`Context.fold_in` and gives `trained_model` its `per_run` loss and optimizer.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any, Protocol
 
 import jax
 import ml_collections
+import numpy as np
 from flax import nnx
 
 from rlscale.plan.batch import BatchPlan
@@ -52,6 +55,7 @@ class Context:
   base: str  # the base policy's Hugging Face folder (a critic may start from it)
   lanes: Any = None
   lane_cfgs: tuple = ()
+  _fold: Any = dataclasses.field(default=None, repr=False)
 
   def configs(self) -> list:
     """Each run's config: one, or one per lane."""
@@ -65,6 +69,15 @@ class Context:
     """`fn` compiled: jax.jit, or mapped over the lanes (argument i per lane when
     lane_args[i], else shared)."""
     return jax.jit(fn) if self.lanes is None else self.lanes.map(fn, lane_args)
+
+  def fold_in(self, key, data: int):
+    """jax.random.fold_in of the run's key, or of each lane's (an algorithm's keys derive from
+    the one its update is given with this)."""
+    if self.lanes is None:
+      return jax.random.fold_in(key, data)
+    if self._fold is None:
+      self._fold = self.lanes.map(jax.random.fold_in, (True, False), name="fold_in")
+    return self._fold(key, np.uint32(data))
 
 
 class Algorithm(Protocol):

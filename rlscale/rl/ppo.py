@@ -131,6 +131,7 @@ class PPO:
                               pack, ctx.lanes)
     self.advantages = ctx.jit(make_advantages(r), (True,) * 6)
     self.kl_coef = ctx.stack([np.float32(cf.rl.kl_coef) for cf in ctx.configs()])
+    self.fold_in = ctx.fold_in
 
   def prepare(self, batch, sample_logp, scores):
     """Old values, (reference log-probs), advantages and returns; the stats stay on the device."""
@@ -149,12 +150,12 @@ class PPO:
   def update(self, batch, key, step, by_group):
     """Critic first (timed on its own), then the actor once the critic's warm-up is over."""
     t = time.time()
-    critic = self.critic.step(batch, jax.random.fold_in(key, 0), by_group)
+    critic = self.critic.step(batch, self.fold_in(key, 0), by_group)
     jax.block_until_ready(critic)
     metrics = {"critic": critic}
     phases = {"critic_update": time.time() - t}
     if step > self.warmup_steps:
-      metrics["actor"] = self.actor.step(batch, jax.random.fold_in(key, 1), by_group)
+      metrics["actor"] = self.actor.step(batch, self.fold_in(key, 1), by_group)
     return phases, metrics
 
   def extra_forwards(self) -> int:
