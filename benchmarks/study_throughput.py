@@ -15,6 +15,10 @@ cache and a base policy built beforehand (not timed). The side "after" uses what
 checkout offers a study: evaluation in stages (--after_overrides) and runs side by side
 (--vectorize, --max_lanes); "before" runs the points as the study did.
 
+`--slice=lanes --lanes=1,4,10`: this checkout alone, one study point (P = 2, G = 8, 2,560
+responses, evaluation in stages) at S seeds side by side in one process on one core, against
+the same point alone (S = 1): seconds per run and the speedup, from a warm compilation cache.
+
 Reported per side: runs per hour (runs / wall time), CPU-seconds per run (the processes'
 user + system time), compile seconds (XLA's, from the runs' logs: JAX_LOG_COMPILES), the
 evaluation's share of the steps' time and the held-out rows scored per run. The last line is
@@ -161,19 +165,61 @@ def _from_runs(out: str) -> dict:
           "eval_rows_per_run": round(rows / n)}
 
 
+def lanes_speedup(root: str, counts: list[int], extra: dict, out: str) -> list[dict]:
+  """Seconds per run of one point run at S seeds side by side (one process, one core)."""
+  env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu",
+             RLSCALE_COMPILATION_CACHE=os.path.join(out, "xla_cache"))
+  env.pop("XLA_FLAGS", None)
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  point = grpo_points(extra)[0]
+  point.update(p=2, lr=GRPO_RATES[2])
+  args = [f"--config.{k}={v}" for k, v in point.items() if k not in ("p", "lr", "seed", "g",
+                                                                       "responses")]
+  base = [sys.executable, os.path.join(root, "launch", "main.py"),
+          f"--config={GRPO}:p=2,g=8,responses=2560,lr={GRPO_RATES[2]}",
+          f"--config.init.cache_dir={os.path.join(out, 'base')}", *args]
+  subprocess.run(base + ["--base_policy_only", f"--workdir={out}/b"], env=env, check=True,
+                 capture_output=True)
+  rows = []
+  for n in [1] + [c for c in counts if c != 1]:  # S = 1 first: it also warms the cache
+    for attempt in ("warm", "timed"):
+      d = os.path.join(out, f"s{n}-{attempt}")
+      argv = base + ([f"--workdir={d}"] if n == 1 else
+                     [f"--seeds={','.join(str(s) for s in range(n))}", f"--workdir={d}/{{seed}}"])
+      t0, c0 = time.time(), _children_cpu()
+      p = subprocess.run(["taskset", "-c", "0", *argv], env=env, capture_output=True, text=True)
+      if p.returncode:
+        raise SystemExit(f"study_throughput.py: {n} lanes failed:\n" + p.stderr[-3000:])
+      if attempt == "timed":
+        rows.append({"lanes": n, "wall_s": round(time.time() - t0, 1),
+                     "s_per_run": round((time.time() - t0) / n, 1),
+                     "cpu_s_per_run": round((_children_cpu() - c0) / n, 1)})
+  for r in rows:
+    r["speedup"] = round(rows[0]["s_per_run"] / r["s_per_run"], 2)
+    print(json.dumps({"slice": "lanes", **r}), flush=True)
+  return rows
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--before", help="the commit to compare with (default: this checkout alone)")
-  ap.add_argument("--slice", choices=("study", "scan"), default="study")
+  ap.add_argument("--slice", choices=("study", "scan", "lanes"), default="study")
+  ap.add_argument("--lanes", default="1,4,10", help="--slice=lanes: the S to measure")
   ap.add_argument("--parallel", type=int, default=2, help="points at a time (each its cores)")
   ap.add_argument("--vectorize", default="seed", help="after: launch/sweep.py --vectorize")
   ap.add_argument("--max_lanes", type=int, default=3, help="after: points per process at most")
   ap.add_argument("--after_overrides", default=json.dumps(AFTER),
                   help="after: overrides every point adds (JSON)")
+  ap.add_argument("--keep", help="copy each side's run directories and logs here")
   args = ap.parse_args(argv)
   root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
                         check=True).stdout.strip()
   extra = json.loads(args.after_overrides)
+  if args.slice == "lanes":
+    with tempfile.TemporaryDirectory() as tmp:
+      rows = lanes_speedup(root, [int(c) for c in args.lanes.split(",")], extra, tmp)
+    print(json.dumps({"slice": "lanes", "speedup": {r["lanes"]: r["speedup"] for r in rows}}))
+    return 0
   make = ({"study": lambda e: [(GRPO, grpo_points(e)), (PPO, ppo_points(e))],
            "scan": lambda e: [(GRPO, scan_points(e))]}[args.slice])
   parallel = 1 if args.slice == "scan" else args.parallel
@@ -181,17 +227,21 @@ def main(argv=None) -> int:
   with tempfile.TemporaryDirectory() as tmp:
     base_cache = os.path.join(tmp, "base")
     sides = ([("before", args.before)] if args.before else []) + [("after", None)]
-    trees = {name: _tree(rev, root, tmp, name) for name, rev in sides}
+    trees = {name: _tree(rev, root, tmp, "tree-" + name) for name, rev in sides}
     try:
       for name, _ in sides:
         after = name == "after"
         flags = ([f"--vectorize={args.vectorize}", f"--max_lanes={args.max_lanes}"]
                  if after and args.vectorize and args.slice != "scan" else [])
-        out = os.path.join(tmp, name)
+        out = os.path.join(tmp, "out-" + name)
         os.makedirs(out)
         results[name] = run_side(trees[name], out, make(extra if after else {}), parallel,
                                  flags, base_cache)
         print(json.dumps({"side": name, "slice": args.slice, **results[name]}), flush=True)
+        if args.keep:
+          import shutil
+          shutil.copytree(out, os.path.join(args.keep, name), dirs_exist_ok=True,
+                          ignore=shutil.ignore_patterns("xla_cache", "checkpoints"))
     finally:
       for name, tree in trees.items():
         if tree != root:

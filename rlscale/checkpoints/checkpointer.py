@@ -179,9 +179,18 @@ class Checkpointer:
         logging.warning("%s; moved to %s; %s", e, moved, then)
     return None, None, {}
 
-  def _set_aside(self, step: int) -> str:
+  def set_aside_after(self, step: int) -> list[int]:
+    """Move the steps after `step` out of the manager's view, into `superseded/` (runs side
+    by side resume from the newest step every run has; a run that saved past it saves those
+    steps again). The steps moved."""
+    later = sorted(s for s in self._manager.all_steps() if s > step)
+    for s in later:
+      self._set_aside(s, "superseded")
+    return later
+
+  def _set_aside(self, step: int, folder: str = "damaged") -> str:
     """Move a damaged step out of the manager's view; the files stay for inspection."""
-    dest = os.path.join(self.directory, "damaged")  # what the other processes can name
+    dest = os.path.join(self.directory, folder)  # what the other processes can name
     if jax.process_index() == 0:
       path = ocp.step.find_step_path(self.directory, ocp.step.standard_name_format(), step=step)
       base = os.path.join(dest, f"{step}-{time.strftime('%Y%m%dT%H%M%S')}")

@@ -65,13 +65,15 @@ class Sampler:
     self._calls: dict[tuple[tuple[int, int], int], Any] = {}  # by (shape, group_size)
 
   def __call__(self, state: nnx.State, tokens_BxP, mask_BxP, key: jax.Array,
-               row_ids=None, group_size: int = 1) -> Rollout:
+               row_ids=None, group_size: int = 1, active=None) -> Rollout:
     """Sample for every row; row r's randomness is `key` folded with row_ids[r].
 
     Tokens, mask and row_ids are this process's rows (all rows when there is one process);
     row_ids default to the rows' global indices. With `group_size` g > 1 the rows come in runs
     of g copies of one prompt, and the prefill runs once per run (see `generate`, which checks
-    that they do): 1/g of its work, the same samples.
+    that they do): 1/g of its work, the same samples. `active` (lanes only, [lanes] bool):
+    the lanes that decode; an inactive lane's device computes nothing and its rows are padding
+    (a lane's evaluation that settled before the others').
     """
     local = np.shape(tokens_BxP)[0]
     shards = sharding.batch_divisor(self.mesh, self.rules)
@@ -91,8 +93,10 @@ class Sampler:
     call, new_cache = self.call_for(state, shape, group_size)
     if shape not in self._caches:
       self._caches[shape] = new_cache()
+    lane_args = () if self.lanes is None else (
+        np.ones(self.lanes.n, bool) if active is None else np.asarray(active, bool),)
     rollout, self._caches[shape] = call(state, self._caches.pop(shape), tokens_BxP, mask_BxP,
-                                        key, row_ids)
+                                        key, row_ids, *lane_args)
     return rollout
 
   def call_for(self, state: nnx.State, shape: tuple[int, int], group_size: int = 1):
@@ -125,16 +129,25 @@ class Sampler:
     and the maker of the lanes' caches."""
     lanes = self.lanes
 
-    def run(state, cache, tokens_BxP, mask_BxP, key, row_ids):
+    def run(state, cache, tokens_BxP, mask_BxP, key, row_ids, active):
       self.traces += 1
-      return _decode(nnx.merge(self.graphdef, state), self.params, cache, tokens_BxP,
-                     mask_BxP.astype(bool), key, row_ids, group)
+
+      def go():
+        return _decode(nnx.merge(self.graphdef, state), self.params, cache, tokens_BxP,
+                       mask_BxP.astype(bool), key, row_ids, group)
+
+      def skip():  # shapes only: the cache as it was, rows of padding
+        rollout = jax.eval_shape(go)[0]
+        return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), rollout), cache
+
+      return jax.lax.cond(active, go, skip)
 
     def caches():
       one = _empty_cache(cfg, self.params, *shape)
       return jax.tree.map(lambda x: jnp.broadcast_to(x, (lanes.n,) + x.shape), one)
 
-    return (lanes.map(run, (True, True, False, False, True, False), donate=(1,), name="decode"),
+    return (lanes.map(run, (True, True, False, False, True, False, True), donate=(1,),
+                      name="decode"),
             jax.jit(caches, out_shardings=lanes.sharding))
 
   def abstract_args(self, state: nnx.State, shape: tuple[int, int]) -> tuple:
@@ -291,7 +304,7 @@ def _decode(policy, p: SamplingParams, cache: Cache, tokens_BxP, mask_BxP, key, 
 
 def generate(sampler: Sampler, state: nnx.State, tokens_BxP: np.ndarray, mask_BxP: np.ndarray,
              key: jax.Array, generation_batch: int | None = None,
-             group_size: int = 1, row_ids: np.ndarray | None = None) -> Rollout:
+             group_size: int = 1, row_ids: np.ndarray | None = None, active=None) -> Rollout:
   """Sample for all rows, `generation_batch` rows per compiled call.
 
   Every call has the same number of rows, a multiple of the mesh's batch shards: a short last
@@ -304,7 +317,8 @@ def generate(sampler: Sampler, state: nnx.State, tokens_BxP: np.ndarray, mask_Bx
   groups); a call then prefills each prompt once, where its rows hold whole groups and each
   batch shard holds whole groups (`shared_prefill`). Rows of a run that differ are an error.
   `row_ids`: this process's rows' global indices, when they are not its contiguous share of
-  the batch (an evaluation in stages: rlscale/trainer/evaluation.py).
+  the batch (an evaluation in stages: rlscale/trainer/evaluation.py); `active`: the lanes that
+  decode (Sampler.__call__).
   """
   tokens_BxP, mask_BxP = np.asarray(tokens_BxP, np.int32), np.asarray(mask_BxP, bool)
   local = tokens_BxP.shape[0]
@@ -334,7 +348,7 @@ def generate(sampler: Sampler, state: nnx.State, tokens_BxP: np.ndarray, mask_Bx
     g = group if rows == per_call else 1  # a padded call does not hold whole groups
     if g > 1:
       _check_groups(toks, mask, g)
-    out = sampler(state, toks, mask, key, ids, g)
+    out = sampler(state, toks, mask, key, ids, g, active)
     parts.append(out if rows == per_call
                  else out._replace(**{f: cut(getattr(out, f), rows) for f in _ROWS}))
   if len(parts) == 1:

@@ -143,9 +143,13 @@ class Evaluator:
     start = 0
     stages = self.stages()[:1] if stop.first_only else self.stages()
     for end in stages:
+      active = [s is None for s in settled]  # a lane that settled decodes no further
       for n, sampler in self.samplers.items():
-        part = self._decode_rows(sampler, state, key, tokens, mask, start, end)
+        part = self._decode_rows(sampler, state, key, tokens, mask, start, end,
+                                 None if self.lanes is None else active)
         for lane, (t, m) in enumerate(self._per_lane(*part)):
+          if not active[lane]:
+            continue
           rows = self._process_share(start, end)
           s = self._sums([self.padded[i] for i in rows], t, m, real_all[rows])
           if jax.process_count() > 1:
@@ -176,10 +180,11 @@ class Evaluator:
     return [i for call in range(start, end, self.gb)
             for i in range(call + me * take, call + (me + 1) * take)]
 
-  def _decode_rows(self, sampler, state, key, tokens, mask, start: int, end: int):
+  def _decode_rows(self, sampler, state, key, tokens, mask, start: int, end: int,
+                   active=None):
     rows = self._process_share(start, end)
     r = generate(sampler, state, tokens[rows], mask[rows], key, self.gb,
-                 row_ids=np.asarray(rows, np.int32))
+                 row_ids=np.asarray(rows, np.int32), active=active)
     return rollout.host_rollout(r)
 
   def _reference_rows(self, problems, max_new_tokens: int, chunk: int):

@@ -421,11 +421,13 @@ class LaneView:
 
 def run(runs: list[resolved.Resolved]) -> list[dict]:
   """Train the runs side by side, each in its run directory; their summaries."""
-  shared = LaneRuns(runs)
-  loops = [Loop(shared.view(k), r.cfg, r.workdir, shared.plan.num_steps, eval_at_start=True)
-           for k, r in enumerate(runs)]
   preemption.loop_started()
-  start = _restore(loops)
+  shared, loops = _build(runs)
+  start, restored = _restore(loops)
+  if start == 0 and restored:  # some lane saved, another never did: every lane anew
+    for loop in loops:
+      loop.ckpt.close()
+    shared, loops = _build(runs)
   shared.load_all()
   try:
     for loop in loops:
@@ -445,21 +447,29 @@ def run(runs: list[resolved.Resolved]) -> list[dict]:
   return [loop.trainer.finish(*loop.result()) for loop in loops]
 
 
-def _restore(loops: list[Loop]) -> int:
-  """Restore every lane from the newest step all of them have intact; that step (0: none)."""
-  limit = None
+def _build(runs: list[resolved.Resolved]) -> tuple[LaneRuns, list[Loop]]:
+  shared = LaneRuns(runs)
+  return shared, [Loop(shared.view(k), r.cfg, r.workdir, shared.plan.num_steps,
+                       eval_at_start=True) for k, r in enumerate(runs)]
+
+
+def _restore(loops: list[Loop]) -> tuple[int, bool]:
+  """Restore every lane from the newest step all of them have intact, and set aside the steps
+  a lane saved after it (it saves them again): (that step, 0 for none; whether a lane had
+  restored a later one)."""
+  limit, restored = None, False
   while True:
     steps = [loop.restore(at_most=limit) for loop in loops]
+    restored |= any(steps)
     if len(set(steps)) == 1:
-      return steps[0]
+      break
     limit = min(steps)
     logging.info("runs side by side: lanes restored steps %s; all resume from step %d",
                  steps, limit)
-    if limit == 0:  # a lane without a checkpoint: every lane starts afresh
-      for loop in loops:
-        loop.trainer.shared._loaded.clear()
-        loop.counters = {"step": 0, "wall_time": 0.0, "seed": loop.cfg.seed}
-        loop.metrics_rows, loop.last_eval = None, {}
-      for c in loops[0].trainer.shared.counters:
-        c.update(responses_seen=0, tokens_seen=0, responses_trained=0)
-      return 0
+  for loop in loops:
+    later = loop.ckpt.set_aside_after(steps[0])
+    if later:
+      logging.warning("%s: steps %s set aside in checkpoints/superseded/: the runs side by side "
+                      "resume from step %d, which every one of them holds", loop.workdir, later,
+                      steps[0])
+  return steps[0], restored
