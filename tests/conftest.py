@@ -7,8 +7,10 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One XLA compilation cache for the test run, shared by the pytest workers and every process a
 # test starts (end-to-end runs, sweeps, resumes, two-process workers): a tiny run is almost all
-# compilation (~20 of its ~21 s), and the same tiny programs recur across tests and runs. A
-# program compiled once (taking 1 s or more) is read back instead. Numbers cannot change: it is
+# compilation (~20 of its ~21 s), and the same tiny programs recur across tests and runs. Every
+# program compiled once is read back instead (the tiny programs take 0.1-1 s each to compile and
+# recur in dozens of processes: tests/integration/test_faults.py took 176 s with only those of
+# 1 s or more cached, 138 s with all of them). Numbers cannot change: it is
 # the same executable; the cache key holds the program, devices, XLA flags and versions. The
 # compilation counts in summary.json count Python traces, which still happen. The process that
 # makes the folder (pytest, or pytest-xdist's controller, whose workers inherit the variable)
@@ -18,7 +20,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   import tempfile
   _OWN_XLA_CACHE = tempfile.mkdtemp(prefix="rlscale-tests-xla-")
   os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_XLA_CACHE
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import types  # noqa: E402
 

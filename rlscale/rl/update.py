@@ -377,7 +377,8 @@ def make_update(forward, optimizer, loss: TokenLoss, *, num_minibatches: int, nu
       if demos is not None:  # one block of rows per optimizer step, in order
         per = (num_epochs, num_minibatches, demos.tokens.shape[0] // num_epochs // num_minibatches)
         demos = jax.tree.map(lambda x: x.reshape(per + x.shape[1:]), demos)
-      loss_fn = loss if hyper is None else functools.partial(loss, hyper=hyper)
+      takes_hyper = hyper is not None and hasattr(loss, "hyper")  # a user's loss(inputs) works
+      loss_fn = functools.partial(loss, hyper=hyper) if takes_hyper else loss
       step = minibatch_step(micro_grad_fn(forward, loss_fn, shared_prompt, pack),
                             make_optimizer(hyper), scale)
       step_metrics = []

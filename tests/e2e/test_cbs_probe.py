@@ -27,8 +27,7 @@ def _evals(run_dir, metric="eval/reference_logprob"):
 @pytest.mark.slow(seconds=140)
 def test_branches_start_from_the_kept_step_and_a_killed_one_resumes(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
-  # Its own base-policy cache: a new recipe built in the shared one (conftest's tiny_sft_base)
-  # would change that folder under a test that checks nothing is added to it while it runs.
+  # Its own base-policy cache: no other test builds the chain-sum recipe's base.
   cache = str(tmp_path / "base")
   # The parent: an entropy bonus moves the weights every step (the tiny model earns no reward).
   parent = str(tmp_path / "parent")

@@ -57,15 +57,18 @@ CASES = (("grpo.py", 10, 1), ("ppo.py", 4, 0))
 
 
 @pytest.fixture(scope="module")
-def side_by_side(tmp_path_factory):
-  """Seeds 0 and 1 side by side, and one of them alone: GRPO 10 steps, PPO 4 (one base)."""
+def side_by_side(tmp_path_factory, tiny_sft_base):
+  """Seeds 0 and 1 side by side, and one of them alone: GRPO 10 steps, PPO 4 (one base: the
+  session's, which tests/support/workers/two_process_rl.py's recipe builds too)."""
   root = tmp_path_factory.mktemp("lanes")
   alone, side = {}, {}
+  base = f"--config.init.cache_dir={tiny_sft_base}"
   for config, steps, seed in CASES:
-    p = _run([f"--config.seed={seed}", f"--workdir={config}-alone"], root, steps, config)
+    p = _run([f"--config.seed={seed}", f"--workdir={config}-alone", base], root, steps, config)
     assert p.returncode == 0, p.stderr[-3000:]
     alone[config] = _rows(root / f"{config}-alone" / "metrics.jsonl")
-    p = _run([f"--seeds=0,1", f"--workdir={config}-side/seed={{seed}}"], root, steps, config)
+    p = _run([f"--seeds=0,1", f"--workdir={config}-side/seed={{seed}}", base], root, steps,
+             config)
     assert p.returncode == 0, p.stderr[-3000:]
     for s in (0, 1):
       side[config, s] = _rows(root / f"{config}-side" / f"seed={s}" / "metrics.jsonl")
@@ -88,7 +91,7 @@ def test_each_lane_is_its_seed_run_alone(side_by_side, config, steps, seed):
         assert x[k] == pytest.approx(y[k], rel=LANE_RTOL, abs=LANE_ATOL), (x["step"], k)
       else:
         assert x[k] == y[k], (x["step"], k)
-  assert side[config, 0][1]["reward/mean"] != side[config, 1][1]["reward/mean"]  # two runs
+  assert _numbers(side[config, 0][1]) != _numbers(side[config, 1][1])  # two runs, not one
   with open(root / f"{config}-side" / "seed=1" / "summary.json") as f:
     summary = json.load(f)
   assert summary["lanes"]["count"] == 2 and summary["lanes"]["lane"] == 1
@@ -96,12 +99,14 @@ def test_each_lane_is_its_seed_run_alone(side_by_side, config, steps, seed):
 
 
 @pytest.mark.slow(seconds=90)
-def test_a_lane_resumes_alone_and_a_stopped_group_resumes_bit_exactly(side_by_side, tmp_path):
+def test_a_lane_resumes_alone_and_a_stopped_group_resumes_bit_exactly(side_by_side, tmp_path,
+                                                                     tiny_sft_base):
   root, alone, side = side_by_side
+  base = f"--config.init.cache_dir={tiny_sft_base}"
   # A lane's checkpoint is its run's: the run alone extends it (its own programs from there).
   import shutil
   shutil.copytree(root / "grpo.py-side" / "seed=1", tmp_path / "lane1")
-  p = _run(["--config.seed=1", f"--workdir={tmp_path / 'lane1'}",
+  p = _run(["--config.seed=1", f"--workdir={tmp_path / 'lane1'}", base,
             "--allow_config_change=train.num_steps"], root, steps=12)
   assert p.returncode == 0, p.stderr[-3000:]
   assert "resumed from the checkpoint of step 10" in p.stderr
@@ -110,7 +115,7 @@ def test_a_lane_resumes_alone_and_a_stopped_group_resumes_bit_exactly(side_by_si
   argv = [sys.executable, os.path.join(REPO, "launch", "main.py"),
           "--config=configs/grpo.py:tiny", "--config.task.partial_credit=True", SFT,
           "--config.train.num_steps=10", "--config.train.checkpoint_every=4", "--seeds=0,1",
-          f"--workdir={tmp_path}/stop/seed={{seed}}"]
+          f"--workdir={tmp_path}/stop/seed={{seed}}", base]
   proc = subprocess.Popen(argv, cwd=root, env=_env(str(root)), stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
   first = tmp_path / "stop" / "seed=1" / "checkpoints" / "4"
@@ -132,27 +137,19 @@ def test_a_lane_resumes_alone_and_a_stopped_group_resumes_bit_exactly(side_by_si
 def test_a_sweep_runs_its_seeds_side_by_side(tmp_path):
   """launch/sweep.py --vectorize=seed: two points per process, each done in its directory;
   a group that fails marks every point failed with the group's log."""
-  from tests.support.cli import run_in_process
-  from rlscale.sweep import cli
   from rlscale.sweep import manifest as mf
-  cli.define_flags()
-  argv = ["--config=configs/grpo.py:tiny", "--sweep=batch_invariance",
-          f"--workdir={tmp_path / 'sw'}", "--vectorize=seed", "--only=p=4,lr_scaling=sqrt"]
-  env = {"RLSCALE_COMPILATION_CACHE": "off"}
-  old = {k: os.environ.get(k) for k in env}
-  os.environ.update(env)
-  try:
-    # From a folder of its own: the config's base policy goes to its runs/base.
-    r = run_in_process(cli.main, argv + ["--dry_run"], prog="sweep.py", cwd=tmp_path)
-    assert r.returncode == 0 and "# side by side: p=4,lr_scaling=sqrt,seed=0, " in r.stdout
-    assert r.stdout.count("--lanes=") == 1 and "2 points in 1 processes" in r.stdout
-    r = run_in_process(cli.main, argv, prog="sweep.py", cwd=tmp_path)
-  finally:
-    for k, v in old.items():
-      if v is None:
-        os.environ.pop(k, None)
-      else:
-        os.environ[k] = v
+  # Its own process: the sweep's command line defines --config, as launch/main.py's does.
+  argv = [sys.executable, os.path.join(REPO, "launch", "sweep.py"),
+          f"--config={os.path.join(REPO, 'configs', 'grpo.py')}:tiny",
+          "--sweep=batch_invariance", f"--workdir={tmp_path / 'sw'}", "--vectorize=seed",
+          "--only=p=4,lr_scaling=sqrt"]
+  env = dict(os.environ, PYTHONPATH=REPO, RLSCALE_COMPILATION_CACHE="off")
+  # From a folder of its own: the config's base policy goes to its runs/base.
+  r = subprocess.run(argv + ["--dry_run"], cwd=tmp_path, env=env, capture_output=True, text=True)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "# side by side: p=4,lr_scaling=sqrt,seed=0, " in r.stdout
+  assert r.stdout.count("--lanes=") == 1 and "2 points in 1 processes" in r.stdout
+  r = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True)
   assert r.returncode == 0, r.stderr[-3000:]
   m = mf.load(str(tmp_path / "sw"))
   done = [e for e in m.points if e.status == mf.DONE]
