@@ -44,7 +44,7 @@ SAMPLED = {"eval.greedy": False, "eval.sampled": True, "target.metric": "eval/ac
 GRPO_RATES = {1: 7.07e-05, 2: 0.000141, 8: 0.000283}  # docs/study/study.json's choices
 PPO_P, PPO_RATE = 8, 0.0002
 SEEDS = (3, 4, 5)
-AFTER = {"eval.adaptive": True, "eval.generation_batch": 250}
+AFTER = {"eval.adaptive": True, "eval.generation_batch": 125}
 
 _CONFIG = '''"""A benchmark's slice: {base} with one sweep of the points below."""
 import importlib.util
@@ -206,8 +206,8 @@ def main(argv=None) -> int:
   ap.add_argument("--slice", choices=("study", "scan", "lanes"), default="study")
   ap.add_argument("--lanes", default="1,4,10", help="--slice=lanes: the S to measure")
   ap.add_argument("--parallel", type=int, default=2, help="points at a time (each its cores)")
-  ap.add_argument("--vectorize", default="seed", help="after: launch/sweep.py --vectorize")
-  ap.add_argument("--max_lanes", type=int, default=3, help="after: points per process at most")
+  ap.add_argument("--vectorize", default="lanes", help="after: launch/sweep.py --vectorize")
+  ap.add_argument("--max_lanes", type=int, default=6, help="after: points per process at most")
   ap.add_argument("--after_overrides", default=json.dumps(AFTER),
                   help="after: overrides every point adds (JSON)")
   ap.add_argument("--keep", help="copy each side's run directories and logs here")
