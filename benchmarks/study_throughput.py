@@ -2,6 +2,7 @@
 
     python benchmarks/study_throughput.py --before=REV            # the slice at REV, then here
     python benchmarks/study_throughput.py --slice=scan --before=REV   # 5 rates at one batch
+    python benchmarks/study_throughput.py --slice=scan --tiny     # the tests' shape, seconds
 
 `--slice=study` (the default) is the shipped study's verdict runs of GRPO on the chained-sum
 testbed at three batches (P = 1, 2, 8 of G = 8: B = 8, 16, 64), each at its chosen rate and at
@@ -83,11 +84,13 @@ def ppo_points(extra: dict) -> list[dict]:
            "optim.reference_batch": 32, **extra} for s in SEEDS]
 
 
-def scan_points(extra: dict) -> list[dict]:
-  return [{"p": 2, "g": 8, "lr": lr, "seed": 0, "responses": 512,
-           "train.eval_every_responses": 128, **SAMPLED, "optim.lr_scaling": "none",
-           "optim.reference_batch": 16, **extra}
-          for lr in (5e-5, 7.07e-05, 0.0001, 0.000141, 0.0002)]
+def scan_points(extra: dict, tiny: bool = False) -> list[dict]:
+  shape = ({"g": 4, "responses": 32, "train.eval_every_responses": 16,
+            "optim.reference_batch": 8, "rl.microbatch": "auto"} if tiny else
+           {"g": 8, "responses": 512, "train.eval_every_responses": 128,
+            "optim.reference_batch": 16})
+  return [{"p": 2, "lr": lr, "seed": 0, **shape, **SAMPLED, "optim.lr_scaling": "none", **extra}
+          for lr in (5e-5, 7.07e-05, 0.0001, 0.000141, 0.0002)[:2 if tiny else 5]]
 
 
 def _tree(rev: str | None, root: str, tmp: str, name: str) -> str:
@@ -104,8 +107,9 @@ def _children_cpu() -> float:
 
 
 def run_side(tree: str, out: str, sweeps: list[tuple[str, list[dict]]], parallel: int,
-             flags: list[str], base_cache: str) -> dict:
-  """Run each (config, points) sweep with `tree`'s code; the side's figures."""
+             flags: list[str], base_cache: str, arg: str = "") -> dict:
+  """Run each (config, points) sweep with `tree`'s code (its config file's `arg`); the side's
+  figures."""
   env = dict(os.environ, PYTHONPATH=tree, JAX_PLATFORMS="cpu", JAX_LOG_COMPILES="1",
              RLSCALE_COMPILATION_CACHE=os.path.join(out, "xla_cache"))
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
@@ -118,11 +122,12 @@ def run_side(tree: str, out: str, sweeps: list[tuple[str, list[dict]]], parallel
       f.write(_CONFIG.format(base=base, tree=tree, points=points))
     workdir = os.path.join(out, f"sweep{i}")
     # The base policy first, untimed (a study builds it once; the base is cached).
-    subprocess.run([sys.executable, os.path.join(tree, "launch", "main.py"), f"--config={path}",
+    config = f"{path}:{arg}" if arg else path
+    subprocess.run([sys.executable, os.path.join(tree, "launch", "main.py"), f"--config={config}",
                     f"--config.init.cache_dir={base_cache}", "--base_policy_only",
                     f"--workdir={os.path.join(out, 'base_run')}"],
                    cwd=tree, env=env, check=True, capture_output=True)
-    argv = [sys.executable, os.path.join(tree, "launch", "sweep.py"), f"--config={path}",
+    argv = [sys.executable, os.path.join(tree, "launch", "sweep.py"), f"--config={config}",
             "--sweep=slice", f"--workdir={workdir}", f"--parallel={parallel}", *flags]
     cpu0, t0 = _children_cpu(), time.time()
     p = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True)
@@ -211,7 +216,11 @@ def main(argv=None) -> int:
   ap.add_argument("--after_overrides", default=json.dumps(AFTER),
                   help="after: overrides every point adds (JSON)")
   ap.add_argument("--keep", help="copy each side's run directories and logs here")
+  ap.add_argument("--tiny", action="store_true",
+                  help="--slice=scan at the tests' shape (two rates, 4 steps): seconds")
   args = ap.parse_args(argv)
+  if args.tiny and args.slice != "scan":
+    ap.error("--tiny is for --slice=scan")
   root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
                         check=True).stdout.strip()
   extra = json.loads(args.after_overrides)
@@ -221,7 +230,7 @@ def main(argv=None) -> int:
     print(json.dumps({"slice": "lanes", "speedup": {r["lanes"]: r["speedup"] for r in rows}}))
     return 0
   make = ({"study": lambda e: [(GRPO, grpo_points(e)), (PPO, ppo_points(e))],
-           "scan": lambda e: [(GRPO, scan_points(e))]}[args.slice])
+           "scan": lambda e: [(GRPO, scan_points(e, args.tiny))]}[args.slice])
   parallel = 1 if args.slice == "scan" else args.parallel
   results = {}
   with tempfile.TemporaryDirectory() as tmp:
@@ -236,7 +245,7 @@ def main(argv=None) -> int:
         out = os.path.join(tmp, "out-" + name)
         os.makedirs(out)
         results[name] = run_side(trees[name], out, make(extra if after else {}), parallel,
-                                 flags, base_cache)
+                                 flags, base_cache, "tiny" if args.tiny else "")
         print(json.dumps({"side": name, "slice": args.slice, **results[name]}), flush=True)
         if args.keep:
           import shutil

@@ -137,3 +137,16 @@ def test_matmul_shapes_benchmark():
   assert len(row["train_each"]) == 15 and len(row["decode_each"]) == 5
   assert row["train_of_square"] == pytest.approx(
       row["train_gflops_per_s"] / row["square_gflops_per_s"], abs=2e-3)
+
+
+@pytest.mark.slow(seconds=45)
+def test_study_throughput_benchmark():
+  """The scan slice at the tests' shape (two rates, one side): the runs, their rate, compile
+  seconds from the runs' logs and the evaluation's figures."""
+  *_, side, last = _run("study_throughput.py", "--slice=scan", "--tiny")
+  assert side["side"] == "after" and side["runs"] == 2
+  assert side["runs_per_hour"] == pytest.approx(2 * 3600 / side["wall_s"], rel=0.01)
+  assert side["compile_s_per_run"] > 0 and side["programs_per_run"] > 0
+  assert 0 < side["eval_share"] < 1 and side["eval_rows_per_run"] > 0
+  assert last == {"slice": "scan", "runs_per_hour": side["runs_per_hour"],
+                  "cpu_s_per_run": side["cpu_s_per_run"]}
