@@ -4,10 +4,12 @@ Real processes on one CPU device per run (the tests' 8 simulated devices would l
 anew): the non-degenerate tiny GRPO recipe of tests/support/workers/two_process_rl.py, whose
 rewards and gradients are not zero.
 
-What held on this machine (and is asserted): a lane's decode runs the program of its run
-alone, so its first step's sampled responses and every metric of step 1 are identical; its
-update is compiled inside the mapped program, whose fusions may order a sum differently, so
-later steps agree within LANE_RTOL (LANE_ATOL for numbers that are rounding noise around 0,
+What holds (and is asserted): a lane's decode runs the program of its run alone, so its
+starting evaluation and its first step's sampled responses (rewards, lengths, tokens) are
+identical; its update is compiled inside the mapped program, whose fusions may order a sum
+differently (bit-identical on some runs of this test, 1e-7 apart on others: a gradient norm of
+0.90833777 against 0.90833783), so the update's metrics and every later step agree within
+LANE_RTOL (LANE_ATOL for numbers that are rounding noise around 0,
 such as PPO's policy loss, whose whitened advantages cancel to 1e-8, or a KL of 1e-14) over
 10 steps of GRPO and 4 of PPO.
 """
@@ -52,6 +54,13 @@ def _numbers(row: dict) -> dict:
   return {k: v for k, v in row.items() if not k.startswith(MACHINE)}
 
 
+def _sampled(row: dict) -> dict:
+  """What a step's sampled responses alone decide (no update has run yet)."""
+  return {k: v for k, v in row.items() if k.startswith(SAMPLED)}
+
+
+SAMPLED = ("reward/", "response/", "rollout/", "response_tokens", "responses_", "tokens_seen",
+           "train_tokens", "step")
 # (config, steps, the seed compared with its run alone)
 CASES = (("grpo.py", 10, 1), ("ppo.py", 4, 0))
 
@@ -82,8 +91,8 @@ def test_each_lane_is_its_seed_run_alone(side_by_side, config, steps, seed):
   a, b = side[config, seed], alone[config]
   assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(steps + 1))
   assert _numbers(a[0]) == _numbers(b[0])  # the starting evaluation: same samples
-  assert _numbers(a[1]) == _numbers(b[1])  # step 1: the same responses, the same update
-  for x, y in zip(a[2:], b[2:]):
+  assert _sampled(a[1]) == _sampled(b[1])  # step 1: the same responses
+  for x, y in zip(a[1:], b[1:]):
     x, y = _numbers(x), _numbers(y)
     assert set(x) == set(y)
     for k in x:
