@@ -54,13 +54,15 @@ def _numbers(row: dict) -> dict:
   return {k: v for k, v in row.items() if not k.startswith(MACHINE)}
 
 
+SAMPLED = ("reward/", "response/", "rollout/", "response_tokens", "responses_", "tokens_seen",
+           "train_tokens", "step")
+
+
 def _sampled(row: dict) -> dict:
   """What a step's sampled responses alone decide (no update has run yet)."""
   return {k: v for k, v in row.items() if k.startswith(SAMPLED)}
 
 
-SAMPLED = ("reward/", "response/", "rollout/", "response_tokens", "responses_", "tokens_seen",
-           "train_tokens", "step")
 # (config, steps, the seed compared with its run alone)
 CASES = (("grpo.py", 10, 1), ("ppo.py", 4, 0))
 
@@ -144,15 +146,15 @@ def test_a_lane_resumes_alone_and_a_stopped_group_resumes_bit_exactly(side_by_si
 
 @pytest.mark.slow(seconds=60)
 def test_a_sweep_runs_its_seeds_side_by_side(tmp_path):
-  """launch/sweep.py --vectorize=seed: two points per process, each done in its directory;
-  a group that fails marks every point failed with the group's log."""
+  """launch/sweep.py --vectorize=seed: two points in one process, each done in its directory
+  with its own launch.log naming the group."""
   from rlscale.sweep import manifest as mf
   # Its own process: the sweep's command line defines --config, as launch/main.py's does.
   argv = [sys.executable, os.path.join(REPO, "launch", "sweep.py"),
           f"--config={os.path.join(REPO, 'configs', 'grpo.py')}:tiny",
           "--sweep=batch_invariance", f"--workdir={tmp_path / 'sw'}", "--vectorize=seed",
           "--only=p=4,lr_scaling=sqrt"]
-  env = dict(os.environ, PYTHONPATH=REPO, RLSCALE_COMPILATION_CACHE="off")
+  env = _env(str(tmp_path))
   # From a folder of its own: the config's base policy goes to its runs/base.
   r = subprocess.run(argv + ["--dry_run"], cwd=tmp_path, env=env, capture_output=True, text=True)
   assert r.returncode == 0, r.stderr[-3000:]
