@@ -9,7 +9,7 @@ For each run: B (responses per optimizer step, also in prompts; rlscale/plan/bat
 responses to target (the first crossing of its evaluations, rlscale/metrics/crossing.py:
 it does not depend on how often the run evaluates) and time to target (that over the run's
 responses per second), both relative to the reference, its optimizer steps to target, and its
-final B_simple. A run is *invariant* (one-sided, DESIGN.md) when it needs at most
+final B_simple. A run is *invariant* (one-sided) when it needs at most
 (1 + --rtt_tolerance) x the reference's responses and its curve is nowhere more than --band
 below the reference's at equal responses seen; the critical training batch is the largest
 invariant B. With three or more batches that reached the target, E(B) = E_min (1 + B/B_crit) is

@@ -1,4 +1,4 @@
-"""Every fit a study report makes (DESIGN.md, "Analysis: what a study reports").
+"""Every fit a study report makes.
 
 Pure numerics on arrays: crossing a target, the critical batch of E(B) = E_min (1 + B/B_crit)
 (McCandlish et al. 2018), the compute-performance sigmoid (ScaleRL, Khatri et al. 2025), signal
@@ -94,7 +94,7 @@ def _fit_many(log_b, log_e, grid) -> dict:
 def critical_batch(points_by_batch: dict, reps: int = 1000, level: float = 0.95,
                    seed: int = 0, min_seeds: int = 3) -> dict:
   """B_crit with its interval from resampling seeds, and the diagnostics that decide whether
-  the data identify it (DESIGN.md, "Critical training batch").
+  the data identify it.
 
   `points_by_batch` maps each batch B to its seeds' responses to target (inf: never reached).
   The fit uses the median per batch; each bootstrap rep resamples the seeds within every batch

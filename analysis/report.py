@@ -6,7 +6,7 @@
 
 DIR is a sweep directory (sweep.json), a study directory (one sweep per stage), or run
 directories. Every point is listed, the ones not used (failed, unfinished) with their status and
-error. The sections and their formulas: DESIGN.md, "Analysis: what a study reports".
+error. The sections and their formulas: docs/study/README.md.
 
 --x chooses the sample axis of every curve, responses (steps, time) to target and figure
 against responses: `generated` (default; the metrics column responses_seen, every response

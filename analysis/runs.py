@@ -1,6 +1,6 @@
 """Reading run directories: config.json, metrics.jsonl, summary.json.
 
-A run has two sample axes (DESIGN.md, "Analysis"): the responses it *generated*
+A run has two sample axes: the responses it *generated*
 (`responses_seen`, the sample cost) and the responses it *trained* on (`responses_trained`:
 with dynamic sampling, rollout.dynamic_sampling, groups whose rewards are all equal are dropped
 and the step refilled, so a step generates more than it trains on). Every curve, crossing and
@@ -63,7 +63,7 @@ class Run:
 
   @property
   def batch(self) -> int:
-    """B: responses per optimizer step, the batch of every comparison (DESIGN.md)."""
+    """B: responses per optimizer step, the batch of every comparison."""
     return self.plan.batch
 
   @property

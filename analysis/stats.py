@@ -2,7 +2,7 @@
 number of seeds behind it and the coverage it actually has.
 
 A study runs few seeds per configuration (5 for what a verdict names, 2 in a learning-rate
-scan), and a "95%" interval is only as good as its coverage at that n (DESIGN.md, "Seeds"):
+scan), and a "95%" interval is only as good as its coverage at that n:
 
 - The median of n seeds gets the distribution-free order-statistic interval [x(k), x(n+1-k)],
   whose coverage of the true median is exactly 1 - 2 P(Binomial(n, 1/2) <= k - 1) for any

@@ -6,7 +6,7 @@ A DIR is a sweep directory (sweep.json: every point, whatever its status), a stu
 pending, unfinished, malformed) keeps its row with the reason in `problem`, so the report lists
 it.
 
-What the rows measure (DESIGN.md, "Analysis: what a study reports"), every count of responses
+What the rows measure, every count of responses
 on the study's sample axis (Options.x, analysis/runs.py AXES: responses generated, the sample
 cost, or responses trained, those that entered an update):
 - responses to target: the first crossing of the run's raw evaluations, interpolated
@@ -686,7 +686,7 @@ def curve_shortfall(curve: pd.DataFrame, ref: pd.DataFrame, points: int = 16) ->
   """How far a median curve falls *below* the reference's at equal responses: the largest
   ref - curve over `points` evenly spaced responses in the span both cover (each curve
   interpolated between its evaluations). Negative when the curve is above everywhere; a curve
-  above the reference is not a break (DESIGN.md, "Invariance")."""
+  above the reference is not a break."""
   if curve.empty or ref.empty:
     return math.nan
   lo = max(curve.responses.min(), ref.responses.min())

@@ -6,7 +6,7 @@
 The model is the shape of configs/grpo.py (random weights), prompts are as long as the task's,
 EOS is disabled so every row runs the full budget. One call decodes `generation_batch` rows;
 tokens/s grows with the batch until the chip saturates: the critical generation batch is the
-smallest batch within 10% of the plateau (DESIGN.md). Times are medians over --repeats calls.
+smallest batch within 10% of the plateau. Times are medians over --repeats calls.
 
 The summary line sets it beside what `rollout.generation_batch=auto` would choose for the
 config's step (P x G responses, G copies of a prompt prefilled once) on this device: the

@@ -10,7 +10,7 @@ The step is the trainer's own (rlscale/trainer/rl_trainer.py driven by rlscale/t
 `update`, the metrics fetch. Only the model and the task are the benchmark's: a random model
 of the shape the flags give (saved as the run's base checkpoint), and prompts of exactly
 --prompt_len random tokens whose responses run --new_tokens tokens (no EOS) and score the
-fraction of even ids (the peers' reward, ../shared/peers/).
+fraction of even ids (the peers' reward).
 
 Sizes come from the batch plan: --microbatch 0 (the default) leaves rl.microbatch (and the
 critic's) 'auto', what users get, and the line says what it chose. Times are medians over

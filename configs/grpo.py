@@ -6,7 +6,7 @@
     python launch/main.py --config=configs/grpo.py:tiny        # seconds, for tests
     python launch/sweep.py --config=configs/grpo.py --sweep=batch_invariance   # sweeps() below
 
-Batch units follow DESIGN.md: num_prompts P x group_size G responses per step, cut into
+Batch units: num_prompts P x group_size G responses per step, cut into
 num_minibatches optimizer steps per epoch, num_epochs passes, microbatch rows per pass;
 rlscale/plan/batch.py derives what is left 'auto' and logs its choice.
 """

@@ -10,7 +10,7 @@ to take them. Measured on 2 CPU cores with the 2,000-problem held-out set (base 
 15 s alone, cached): the base answers 11.6% greedily and 20% sampled; at P=32, G=8, lr 2e-4
 GRPO takes greedy accuracy to 0.45 in ~1.7k responses and to ~0.60, its plateau, by ~3k (12
 steps), while the sampled accuracy (the expected reward) climbs more slowly, to ~0.55 over
-the study's 2,560 responses per run. Batch units follow DESIGN.md as in configs/grpo.py.
+the study's 2,560 responses per run. Batch units as in configs/grpo.py.
 """
 
 import math

@@ -6,7 +6,7 @@
     python launch/sweep.py --config=configs/ppo.py --sweep=actor_critic   # sweeps() below
 
 The actor and the critic have their own optimizers, scaling rules, mini-batches and
-micro-batches; batch units follow DESIGN.md as in configs/grpo.py.
+micro-batches; batch units as in configs/grpo.py.
 """
 
 import ml_collections

@@ -373,7 +373,7 @@ def design(study: st.Study, table: pd.DataFrame, done: dict | None = None) -> Se
     return sec
   sec.facts["checks"] = rows
   sec.text.append("What a batch-size study must hold to measure gradient noise rather than its "
-                  "own transients (DESIGN.md, \"Analysis\"); a failed line qualifies every "
+                  "own transients; a failed line qualifies every "
                   "verdict above that rests on it.")
   for name, ok, why in rows:
     sec.verdict.append(f"{'**pass**' if ok else '**FAIL**'} {name}: {why}.")

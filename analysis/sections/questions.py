@@ -1,4 +1,4 @@
-"""The questions the project started from (DESIGN.md, "Reference results"; the Hunyuan study of
+"""The questions the project started from (the Hunyuan study of
 GRPO/PPO batch size), each marked from this study's numbers: *reproduced*, *not reproduced*
 (with the interval that says so), *not settled* (the interval straddles the line) or *not
 testable* here (with the command that tests it on a GPU).
@@ -190,7 +190,7 @@ def questions(study: st.Study, table: pd.DataFrame, done: dict | None = None) ->
                         "0.74× and 0.71× of P = 128 (a throughput gain)", GPU_STUDY),
            q_not_on_cpu(study, "How time per step changes with the number of chips (all-reduce "
                         "cost, idle time)", GPU_SCALING)]
-  sec.text.append("Each claim of the reference study (DESIGN.md) against this study: "
+  sec.text.append("Each claim of the reference study against this study: "
                   "*reproduced* when the interval agrees with it, *not reproduced* when the "
                   "interval rules it out, *not settled* when it straddles the line. The study's "
                   "scale (a 0.8M-parameter model, batches of 8-64 responses) is far below the "

@@ -5,7 +5,7 @@ Decode, per step of a call with b rows per model replica (m chips each, tensor-p
     bytes(b) = weights + b·KV(context),  flops(b) = b·(2·matmul_params + attention)
 so decode is bandwidth-bound at small b and compute-bound at large b; with t0 = W/(m·bw·e_bw)
 + t_lat and per-row time c = f/(m·peak·e_f) − kv/(m·bw·e_bw), the critical generation batch is
-N_gen = t0 / c (DESIGN.md: t_gen ≈ t0 + N/Θmax, N_gen ≈ t0·Θmax).
+N_gen = t0 / c (t_gen ≈ t0 + N/Θmax, N_gen ≈ t0·Θmax).
 Training: FLOPs / (chips·peak·e_train), plus per optimizer step a ring all-reduce of the
 gradients, 2(N−1)/N · bytes / link, over inter-node links once N passes one node.
 Fixed: reward scoring (per response) and host time, measured on the host and kept as measured.

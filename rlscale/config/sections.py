@@ -134,7 +134,7 @@ def optim(lr: float) -> ml_collections.ConfigDict:
   # informative responses, step by step: rollout/effective_batch)
   c.lr_batch = "nominal"
   c.reference_batch = placeholder(int)  # responses per optimizer step at which lr was tuned
-  c.adam_scaling = False  # also scale Adam's betas and eps with the batch (DESIGN.md)
+  c.adam_scaling = False  # also scale Adam's betas and eps with the batch
   c.schedule = "constant"  # constant | cosine | linear (decay after warmup, to the run's end)
   c.warmup_responses = 0  # linear warmup from 0 over this many responses (or demonstrations)
   c.final_lr_frac = 0.0  # cosine/linear decay ends at lr * final_lr_frac

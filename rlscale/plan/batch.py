@@ -6,7 +6,7 @@ the noise-scale report and the analysis scripts read their sizes from it and fro
 else. Its checks are the config's size errors: each names the field, its value and what is
 allowed, before anything is compiled.
 
-Units (DESIGN.md): an RL step samples P prompts x G responses; each trained model cuts them
+Units: an RL step samples P prompts x G responses; each trained model cuts them
 into `num_minibatches` optimizer steps per epoch over `num_epochs` epochs, and runs each
 mini-batch in passes of `microbatch` rows. The batch B of a run, the one the learning-rate
 rules, B_simple and every figure use, is the actor's responses per optimizer step,
@@ -106,7 +106,7 @@ class BatchPlan:
 
   @property
   def batch(self) -> int:
-    """B: responses per optimizer step of the actor, the run's batch size (DESIGN.md)."""
+    """B: responses per optimizer step of the actor, the run's batch size."""
     return self.main.minibatch
 
   def effective_batch(self, informative: float) -> float:

@@ -1,7 +1,7 @@
 """The optimizer from the config: AdamW with batch-size scaling rules, a schedule counted in
 responses, global-norm clipping, and hyperparameters that are logged.
 
-Scaling rules (DESIGN.md), for a batch of B responses per optimizer step against the
+Scaling rules, for a batch of B responses per optimizer step against the
 `reference_batch` B0 at which `lr` was tuned, k = B / B0:
   none: lr;  linear: lr * k (Goyal et al. 2017);  sqrt: lr * sqrt(k) (Malladi et al. 2022).
 With `adam_scaling`, beta -> 1 - k (1 - beta) for beta1 and beta2 (clipped to [0, 0.9999]) and

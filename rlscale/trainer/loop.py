@@ -2,7 +2,7 @@
 
 A trainer says what one step is; the loop does the rest once: resume from the latest
 checkpoint in the workdir, evaluate at step or sample-axis marks, save, fetch a step's device
-metrics only after the next step was dispatched (STYLE.md 6), stop on a non-finite metric
+metrics only after the next step was dispatched, stop on a non-finite metric
 before it reaches a checkpoint, track the target, and keep per-phase times that add up to
 the step. An interrupted run (an exception, Ctrl-C, SIGTERM) still completes the saves it
 began.

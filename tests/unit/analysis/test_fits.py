@@ -142,7 +142,7 @@ def test_fit_sigmoid_with_noise():
   rng = np.random.default_rng(2)
   r = fits.sigmoid(C, R0, A, B, C_MID) + 0.005 * rng.standard_normal(C.size)
   f = fits.fit_sigmoid(np.r_[0, C], np.r_[R0, r])
-  # DESIGN: A is resolvable to about +-0.02; B within 25%, c_mid within 30% at 0.005 noise.
+  # A is resolvable to about +-0.02; B within 25%, c_mid within 30% at 0.005 noise.
   assert abs(f["A"] - A) < 0.02 and rel(f["B"], B) < 0.25 and rel(f["c_mid"], C_MID) < 0.3
 
 
@@ -164,7 +164,7 @@ def test_fit_sigmoid_interval_bootstraps_the_mean_curve():
     assert p == mean[name] and lo <= p <= hi
   # Not "the interval covers the truth" on one data set: with 6 seeds the percentile bootstrap
   # covered A in 24 of 30 data sets (measured offline), so such a test fails 1 time in 5.
-  # Instead both bounds of A lie within DESIGN's +-0.02 of the truth, and the interval is narrow.
+  # Instead both bounds of A lie within +-0.02 of the truth, and the interval is narrow.
   assert abs(out["A"][1] - A) < 0.02 and abs(out["A"][2] - A) < 0.02
   assert out["A"][2] - out["A"][1] < 0.05
   assert rel(out["B"][0], B) < 0.25 and rel(out["c_mid"][0], C_MID) < 0.3

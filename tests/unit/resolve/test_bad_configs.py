@@ -1,5 +1,5 @@
 """Bad configurations, one per row: each is refused by validate() before anything is compiled,
-in one line that names the field (STYLE.md 15). A few go through the command line instead.
+in one line that names the field. A few go through the command line instead.
 
 A row is (config, field, value, expected text); `also` sets more fields first, `name` is the
 field's name as the message spells it when that differs from `field`. Values `Folder(...)`

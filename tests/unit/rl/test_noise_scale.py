@@ -162,7 +162,7 @@ def test_ema_is_bias_corrected_and_ratio_of_emas():
 # so the noise scale in responses is B_noise = D (G p2 + w) / |mu|^2. The prompt-level estimate
 # (micro-batches of whole groups) measures it without bias. The response-level one (micro-batches
 # of rows shuffled across groups) treats the responses as independent: in expectation its
-# tr(Sigma) is D (p2 + w) and its |G|^2 is |mu|^2 + (G - 1) D p2 / B (DESIGN.md), so it reads
+# tr(Sigma) is D (p2 + w) and its |G|^2 is |mu|^2 + (G - 1) D p2 / B, so it reads
 # B_simple far below B_noise when the prompt's share p2 dominates.
 SH_D, SH_L, SH_G, SH_P = 16, 4, 8, 8
 SH_MU, SH_P2, SH_S2, SH_V2 = 0.5, 1.0, 0.25, 0.25
