@@ -13,23 +13,38 @@ or an override value "{key}" (the choice of the point's own group, e.g. its p) o
 "{key:p=2}" (the choice of the group p=2, e.g. the reference batch's). Two points that resolve
 to the same overrides are run once.
 
-The choice is the value whose *slowest* seed reaches the study's target first (the first
-crossing of each run's evaluations, rlscale/metrics/crossing.py; a seed that never reaches it
-counts as infinite), then the lower median, then the higher final value, among the stable
-values: those whose median final value is within `band` of the best one's and none of whose
-seeds fell more than `band` below the target after reaching it. Chosen by its median, a rate at
-the edge of stability wins on three seeds and collapses on fresh ones (the chain-sum study:
-P = 8 at 4e-4, 932 responses on the scan's seeds, 2 of 5 fresh seeds never reached the target);
-chosen by its slowest seed, the rate that reaches the target reliably wins. With `extend`, a choice at the edge of the values its group
-tried is not final: the stage runs the next value beyond that edge (x or / `extend`, the same
-seeds) and chooses again, up to `max_extend` times per group, so the chosen value is inside its
-scan.
+The choice is made from the median responses to the study's target over the stage's seeds
+(the first crossing of each run's evaluations, rlscale/metrics/crossing.py; a seed that never
+reaches it counts as infinite), among the stable values: those whose median final value is
+within `band` of the best one's and none of whose seeds fell more than `band` below the target
+after reaching it. A parabola is fitted to log median against log value over the stable
+values whose median reached the target, and the value nearest its minimum is chosen: every
+rate's seeds inform the choice, not only the one's own three (on a synthetic surface with the
+study's seed spread it finds the optimum in 99% of draws where the fewest median alone finds it
+in 82-88%, tests/unit/sweep/test_study.py). Without a convex fit whose minimum lies inside the
+values tried, the value with the fewest median responses is chosen, then the lower slowest
+seed, then the higher final value. The
+runner-up by the same rule is recorded too: "{lr#2}" in a later stage runs it, so that a
+verdict can say whether it rests on which of two close rates was chosen. (An earlier rule, the
+slowest seed, picked rates that were not the best on fresh seeds: on the chain-sum study the
+rate it rejected at B = 32 needed 0.81x the chosen one's responses.) With `extend`, a choice
+at the edge of the values its group tried is not final: the stage runs the next value beyond
+that edge (x or / `extend`, the same seeds) and chooses again, up to `max_extend` times per
+group, so the chosen value is inside its scan.
 
 The study's target is the config's (`target.value`), unless a stage sets `target_fraction`:
-then the target is the base policy's value plus that fraction of the gain to the plateau, both
+then the target is the base policy's value plus that fraction of the gain its runs made, both
 measured on the stage's runs (the median first evaluation, and the best median final value over
-its groups and values), rounded to 0.01. A study then asks the same question of a base that
-learns to 0.6 on one machine type and to 0.4 on another.
+its groups and values), rounded to 0.01. A stage that runs only the reference batch at the
+starting rate sets it before any rate is scanned, so the target does not depend on what the
+scan finds; "{target}" in a later stage's override value is that number (a run's
+target.value: evaluation in stages and the run's own crossing use it).
+
+A stage whose points set "seed": "{seeds}" runs as many seeds as the power calculation asks
+(rlscale/sweep/power.py): `seeds_from` names the scan stage whose seed spread of log responses
+to target (pooled over its chosen and runner-up cells) it uses, for a true ratio `power_ratio`
+to settle as broken with 80% probability, at least `min_seeds` and at most `max_seeds` (the
+numbers, and the probabilities the seeds give, are recorded in study.json under "seeds").
 
 Everything is recorded in `<study dir>/study.json` (targets, choices with the tables they came
 from, the values each stage added, wall times). Running the same command again continues: done
@@ -56,7 +71,9 @@ from rlscale.config.errors import ConfigError
 from rlscale.trainer.preemption import EXIT_REQUEUE
 
 FILE = "study.json"
-_REF = re.compile(r"^\{([\w.]+)(?::([^{}]*))?\}$")  # "{lr}" or "{lr:p=2}" as an override value
+_REF = re.compile(r"^\{([\w.]+)(#2)?(?::([^{}]*))?\}$")  # "{lr}", "{lr#2}", "{lr:p=2}"
+SEEDS, TARGET = "{seeds}", "{target}"
+FIRST_VERDICT_SEED = 100  # the power-sized seeds: 100, 101, ... (no scan uses them)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +88,11 @@ class Stage:
   band: float = 0.05  # a value is eligible when its median final is within this of the best
   target_fraction: float | None = None  # set the study's target from this stage's runs
   vectorize: str = ""  # 'seed' | 'lanes': points run side by side (launch/sweep.py --vectorize)
+  seeds_from: str | None = None  # the scan stage whose seed spread sizes "{seeds}"
+  min_seeds: int = 10
+  max_seeds: int = 16
+  power_ratio: float = 1.5  # the true ratio that must settle as broken with 80% probability
+  tolerance: float = 0.2  # the verdict's: invariant while E(B) / E(B0) <= 1 + tolerance
 
 
 def declared(study: str) -> list[Stage]:
@@ -123,7 +145,7 @@ def choose(runs: list[dict[str, Any]], key: str, band: float = math.inf
   """(best value of `key`, the table it was chosen from) over `runs`: dicts with the point's
   overrides, `responses_to_target` (inf or None: not reached), `final` (the metric at the end)
   and optionally `drop` (how far the run fell below the target after reaching it). The rule:
-  module docstring."""
+  module docstring; the table's `rank` is 1 for the choice, 2 for the runner-up."""
   by_value: dict[str, list[dict]] = {}
   for r in runs:
     by_value.setdefault(json.dumps(r["overrides"][key]), []).append(r)
@@ -136,6 +158,7 @@ def choose(runs: list[dict[str, Any]], key: str, band: float = math.inf
     table.append({key: json.loads(text), "seeds": len(group),
                   "median_responses_to_target": statistics.median(rtt),
                   "worst_responses_to_target": max(rtt),
+                  "reached": sum(math.isfinite(v) for v in rtt),
                   "median_final": statistics.median(finals) if finals else None,
                   "max_drop": max(drops) if drops else None})
   if not table:
@@ -145,16 +168,52 @@ def choose(runs: list[dict[str, Any]], key: str, band: float = math.inf
   for t in table:
     t["eligible"] = ((t["median_final"] is None or t["median_final"] >= best_final - band)
                      and (t["max_drop"] is None or t["max_drop"] <= band))
-  best = min((t for t in table if t["eligible"]) or table,
-             key=lambda t: (t["worst_responses_to_target"], t["median_responses_to_target"],
-                            -(t["median_final"] if t["median_final"] is not None
-                              else -math.inf)))
+  vertex = _vertex(table, key)
+  order = sorted(table, key=lambda t: (
+      not t["eligible"],
+      abs(math.log(t[key]) - vertex) if vertex is not None else 0.0,
+      t["median_responses_to_target"], t["worst_responses_to_target"],
+      -(t["median_final"] if t["median_final"] is not None else -math.inf)))
+  for t in table:
+    t["fit_minimum"] = None if vertex is None else round(math.exp(vertex), 12)
+  for rank, t in enumerate(order, 1):
+    t["rank"] = rank
   for t in table:
     for k in ("median_responses_to_target", "worst_responses_to_target"):
       if math.isinf(t[k]):
         t[k] = None  # JSON has no infinity
   table.sort(key=lambda t: t[key])
-  return best[key], table
+  return order[0][key], table
+
+
+def _vertex(table: list[dict[str, Any]], key: str) -> float | None:
+  """log of the value at the minimum of a parabola fitted (least squares) to log median
+  responses to target against log value over the eligible values whose median reached it;
+  None (the plain median rule) with fewer than 3 such values, a concave fit, or a minimum
+  outside the values tried (the edge rule then extends the scan)."""
+  pts = [(math.log(t[key]), math.log(t["median_responses_to_target"])) for t in table
+         if t["eligible"] and isinstance(t[key], (int, float)) and t[key] > 0
+         and math.isfinite(t["median_responses_to_target"])
+         and t["median_responses_to_target"] > 0]
+  if len(pts) < 3:
+    return None
+  import numpy as np
+  x, y = np.array(pts).T
+  a, b, _ = np.polyfit(x, y, 2)
+  if not a > 0:
+    return None
+  v = float(-b / (2 * a))
+  return v if x.min() <= v <= x.max() else None
+
+
+def runner_up(table: list[dict[str, Any]], key: str) -> Any:
+  """The value ranked second in a `choose` table (the choice itself when it is alone)."""
+  ranked = sorted(table, key=lambda t: t["rank"])
+  return ranked[min(1, len(ranked) - 1)][key]
+
+
+RULE = ("the stable rate nearest the minimum of a parabola through log median responses to "
+        "target vs log lr (else the fewest median responses)")
 
 
 def stage_results(sweep_dir: str, metric: str | None = None,
@@ -182,6 +241,11 @@ def stage_results(sweep_dir: str, metric: str | None = None,
                 "base": evals[0] if evals else None, "final": evals[-1] if evals else None,
                 "drop": max(0.0, value - min(evals[hit:])) if hit is not None else None})
   return out
+
+
+def _chosen_key(runner: "StudyRunner", chosen: dict) -> str:
+  """The override key a recorded choice chose (older records: the key it is filed under)."""
+  return chosen.get("key") or next(k for k, v in runner.record["chosen"].items() if v is chosen)
 
 
 def _format(value) -> str:
@@ -226,26 +290,87 @@ class StudyRunner:
     return stage.config.format(**values)
 
   def _resolve(self, stage: Stage, overrides: dict[str, Any]) -> dict[str, Any] | None:
-    """A declared point with its "{key}" / "{key:k=v}" values replaced by the choices; None
-    when its group has no choice (every run of that group failed)."""
+    """A declared point with its "{key}" / "{key#2}" / "{key:k=v}" / "{target}" values
+    replaced by the choices; None when its group has no choice (every run of that group
+    failed)."""
     out = {}
     for k, v in overrides.items():
+      if v == TARGET:
+        if not self.record.get("target"):
+          raise ConfigError(f"stage {stage.name!r}: point {overrides} uses {TARGET}, which no "
+                            "earlier stage has set (a stage with target_fraction)")
+        out[k] = self.record["target"]["value"]
+        continue
       m = _REF.match(v) if isinstance(v, str) else None
-      if m is None:
+      if m is None or v == SEEDS:
         out[k] = v
         continue
-      key, group = m.group(1), m.group(2)
+      key, second, group = m.group(1), m.group(2), m.group(3)
       chosen = self.record["chosen"].get(key)
       if chosen is None:
         raise ConfigError(f"stage {stage.name!r}: point {overrides} uses {v!r}, which no "
                           "earlier stage has chosen")
       if group is None:
         group = group_of(overrides, chosen["per"])
-      values = chosen["values"]
+      values = chosen["runner_up" if second else "values"]
       if group not in values:
         return None  # no finished run of that group to choose from (logged by points_of)
       out[k] = values[group]
     return out
+
+  def _expand_seeds(self, stage: Stage, overrides: dict[str, Any]) -> list[dict[str, Any]]:
+    """A point with "seed": "{seeds}" as one point per power-sized seed."""
+    if overrides.get("seed") != SEEDS:
+      return [overrides]
+    n = self.verdict_seeds(stage)
+    return [dict(overrides, seed=FIRST_VERDICT_SEED + i) for i in range(n)]
+
+  def verdict_seeds(self, stage: Stage) -> int:
+    """Seeds per configuration of a "{seeds}" stage, from its scan's seed spread (recorded)."""
+    from rlscale.sweep import power
+    rec = self.record.setdefault("seeds", {})
+    if stage.name in rec:
+      return rec[stage.name]["n"]
+    if not stage.seeds_from:
+      raise ConfigError(f"stage {stage.name!r}: its points use {SEEDS} but it names no "
+                        "seeds_from stage whose spread sizes them")
+    metric, value = self.target()
+    results = stage_results(os.path.join(self.dir, stage.seeds_from), metric, value)
+    chosen = next((c for c in self.record["chosen"].values()
+                   if c.get("stage") == stage.seeds_from), None)
+    key = _chosen_key(self, chosen) if chosen else None
+    cells: dict[str, list[float]] = {}
+    for r in results:  # the chosen and runner-up cells: an unstable rate's spread is not theirs
+      group = group_of(r["overrides"], chosen["per"]) if chosen else ""
+      if chosen and r["overrides"].get(key) not in (chosen["values"].get(group),
+                                                     chosen.get("runner_up", {}).get(group)):
+        continue
+      cells.setdefault(json.dumps(r["overrides"].get(key)) + group, []).append(
+          math.inf if r["responses_to_target"] is None else r["responses_to_target"])
+    sigma, dof = power.pooled_spread(cells.values())
+    censored = sum(math.isinf(v) for c in cells.values() for v in c)
+    if math.isnan(sigma):
+      need = stage.max_seeds
+      logging.warning("study: stage %s: no spread measured in %s (no cell with two crossing "
+                      "seeds); running %d seeds", stage.name, stage.seeds_from, need)
+    else:
+      need = power.seeds_needed(sigma, stage.power_ratio, stage.tolerance)
+    n = min(max(need, stage.min_seeds), stage.max_seeds)
+    entry = {"n": n, "needed": need, "sigma": None if math.isnan(sigma) else round(sigma, 4),
+             "dof": dof, "censored": censored, "from": stage.seeds_from,
+             "ratio": stage.power_ratio, "tolerance": stage.tolerance,
+             "min": stage.min_seeds, "max": stage.max_seeds}
+    if not math.isnan(sigma):
+      entry["p_broken"] = round(power.p_broken(stage.power_ratio, sigma, n,
+                                               tolerance=stage.tolerance), 3)
+      entry["p_invariant_at_1"] = round(power.p_invariant(1.0, sigma, n,
+                                                          tolerance=stage.tolerance), 3)
+    rec[stage.name] = entry
+    self.save()
+    logging.info("study: stage %s runs %d seeds per point (%d needed for a true ratio %.2g to "
+                 "settle as broken at 80%%; spread %.3g of log responses over %d dof of %s)",
+                 stage.name, n, need, stage.power_ratio, sigma, dof, stage.seeds_from)
+    return n
 
   def points_of(self, stage: Stage, sweep_dir: str) -> list:
     """The stage's points: declared, choices filled in, duplicates merged, extensions added."""
@@ -258,7 +383,7 @@ class StudyRunner:
         logging.warning("study: stage %s skips %s: no run of its group finished, so nothing "
                         "was chosen for it", stage.name, o)
         continue
-      declared_pts.append(resolved)
+      declared_pts += self._expand_seeds(stage, resolved)
     extra = self.record["stages"].get(stage.name, {}).get("extra", [])
     unique, seen = [], set()
     for o in declared_pts + extra:
@@ -350,10 +475,11 @@ class StudyRunner:
       groups.setdefault(group_of(r["overrides"], stage.per), []).append(r)
     rec = self.record["stages"].setdefault(stage.name, {"wall_s": 0.0})
     extra, extended = rec.setdefault("extra", []), rec.setdefault("extended", {})
-    values, tables, more = {}, {}, False
+    values, second, tables, more = {}, {}, {}, False
     for group, runs in sorted(groups.items()):
       best, table = choose(runs, stage.choose, stage.band)
       values[group], tables[group] = best, table
+      second[group] = runner_up(table, stage.choose)
       tried = sorted(t[stage.choose] for t in table)
       if not stage.extend or len(tried) < 2 or best not in (tried[0], tried[-1]):
         continue
@@ -375,8 +501,11 @@ class StudyRunner:
       more = True
       logging.info("study: stage %s, group %s: %s=%s is the edge of %s; running %s too",
                    stage.name, group or "all", stage.choose, best, tried, new)
-    entry = {"stage": stage.name, "per": list(stage.per), "values": values, "tables": tables,
-             "band": stage.band, "target": {"metric": metric, "value": value}}
+    seeds = sorted({r["overrides"].get("seed") for r in results} - {None})
+    entry = {"stage": stage.name, "per": list(stage.per), "values": values,
+             "runner_up": second, "tables": tables, "band": stage.band,
+             "rule": f"{RULE} ({len(seeds)} seeds)", "key": stage.choose,
+             "target": {"metric": metric, "value": value}}
     if not stage.per:
       entry["value"] = values[""]
     self.record["chosen"][stage.choose] = entry
