@@ -58,69 +58,87 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   return c
 
 
-# The CPU study's batches (configs/studies/chain_sum_cpu.py): P = 1 ... 8 prompts of G = 8,
-# B = 8 ... 64 responses per optimizer step, the reference B0 = 16 (P = 2). The largest batch
-# is bounded by the study's rule that it take >= 10 optimizer steps to the target, so that the
-# study measures gradient noise rather than Adam's first steps: measured on the 2-core machine,
-# P = 16 (B = 128) at its best rate reaches the target in ~900 responses, 7 steps (B = 2,048:
-# 2-3 steps); P = 8 takes ~12.
-PROMPTS, REF_PROMPTS, LR0 = (1, 2, 4, 8), 2, 1e-4
+# The CPU study's batches (configs/studies/chain_sum_cpu.py): P = 1 ... 32 prompts of G = 8,
+# B = 8 ... 256 responses per optimizer step, the reference B0 = 16 (P = 2). Each run's budget
+# grows with B (BUDGET) so that the largest batches still cross the target, at >= 10 optimizer
+# steps, on every seed; gradient clipping is off (at 1.0 it clipped most steps at B <= 16 and
+# almost none at B >= 32: the update rule itself changed with B).
+PROMPTS, REF_PROMPTS, LR0 = (1, 2, 4, 8, 16, 32), 2, 1e-4
+BUDGET = {1: 3072, 2: 3072, 4: 3072, 8: 3072, 16: 4096, 32: 8192}  # responses per run, by P
 # The study's metric: the sampled accuracy (one temperature-1 response per held-out problem),
 # the policy's expected reward. The greedy accuracy flips as soon as the right carry becomes
 # the mode: 0.17 -> 0.47 in 10 steps at B = 256, then flat, while the sampled one climbs on for
 # 40 steps (0.22 -> 0.33 -> 0.47); only the greedy one is scored by default.
 SAMPLED = {"eval.greedy": False, "eval.sampled": True, "target.metric": "eval/accuracy_sampled"}
+# Evaluation in stages against the study's target (set before the scan: "{target}").
+STAGED = {"eval.adaptive": True, "eval.generation_batch": 125, "target.value": "{target}"}
 
 
-def lr_grid(p: int, ref: int = REF_PROMPTS, lr0: float = LR0) -> list[float]:
-  """Four rates a factor sqrt(2) apart around the sqrt rule's lr0 * sqrt(p / ref), on the grid
-  lr0 * 2^(k/2) (one step below it, two above): a scan that holds the optimum if the sqrt rule
-  is right to within ~2x, and whose edges the study extends when it is not."""
-  half_steps = round(math.log2(p / ref))  # sqrt(p/ref) = 2^(half_steps / 2)
-  return [float(f"{lr0 * 2 ** ((half_steps + d) / 2):.3g}") for d in (-1, 0, 1, 2)]
+def lr_grid(p: int, ref: int = REF_PROMPTS, lr0: float = LR0, rates: int = 5) -> list[float]:
+  """`rates` rates a factor sqrt(2) apart on the grid lr0 * 2^(k/2), centred on
+  lr0 * (p / ref)^(1/4): half-way between a fixed rate and the sqrt rule, so that the scan
+  brackets either (the study extends an edge when the optimum lies beyond it)."""
+  centre = math.floor(math.log2(p / ref) / 2 + 0.5)  # (p/ref)^(1/4) = 2^(centre / 2)
+  half = rates // 2
+  return [float(f"{lr0 * 2 ** ((centre + d) / 2):.3g}") for d in range(-half, rates - half)]
 
 
 def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
   """Named sweeps for launch/sweep.py and the CPU study (configs/studies/chain_sum_cpu.py).
 
-  Every point sees the same responses, evaluated every 128 of them by the sampled accuracy of
-  the 2,000 held-out problems (SAMPLED), B0 = 16 responses, the learning rate set per point (no
-  scaling rule). "{lr}" is the study's choice for the point's own P, "{lr:p=2}" the reference
-  batch's; with `tiny` in the argument, the same sweeps at the tests' shape.
+  Every point of a batch sees the same responses (BUDGET), evaluated every 128 of them (or every
+  step, when B is larger) by the sampled accuracy of the 2,000 held-out problems (SAMPLED), in
+  stages against the study's target (STAGED), B0 = 16 responses, no gradient clipping, the
+  learning rate set per point (no scaling rule). "{lr}" is the study's choice for the point's
+  own P, "{lr#2}" its runner-up, "{lr:p=4}" the choice at P = 4; "{seeds}" as many seeds as
+  the study's power calculation asks. With `tiny` in the argument, the same sweeps at the
+  tests' shape.
   """
   tiny = "tiny" in (arg or "").split(",")
   prompts, ref = ((1, 2), 2) if tiny else (PROMPTS, REF_PROMPTS)
-  common_ = sw.fixed(**{"g": 4 if tiny else 8, "responses": 64 if tiny else 2560,
-                        "train.eval_every_responses": 16 if tiny else 128, **SAMPLED,
-                        "optim.lr_scaling": "none",
-                        "optim.reference_batch": ref * (4 if tiny else 8),
-                        **({"rl.microbatch": "auto"} if tiny else {})})  # tiny sets 8
-  ref_lr = "{lr:p=%d}" % ref
-  scan_seeds = {"seed": [0] if tiny else [0, 1, 2]}  # 3: an interval for lr*(B)'s exponent
-  held_out = {"seed": [1] if tiny else [3, 4, 5, 6, 7]}  # seeds the scan did not choose with
+
+  def budget(p):
+    return 64 if tiny else BUDGET[p]
+
+  base = {"g": 4 if tiny else 8, "train.eval_every_responses": 16 if tiny else 128,
+          **SAMPLED, "optim.lr_scaling": "none", "optim.grad_clip": 0.0,
+          "optim.reference_batch": ref * (4 if tiny else 8),
+          **({"rl.microbatch": "auto"} if tiny else {})}  # tiny sets 8
+  common_ = sw.fixed(**base, **STAGED)
+  scan_seeds = {"seed": [0] if tiny else [0, 1, 2]}
+  each_p = sw.zip_axes({"p": list(prompts), "responses": [budget(p) for p in prompts]})
   pairs_at = 2 if tiny else 4  # (P, G) with P x G equal to this P's batch at G = 8
   pairs = [(4, 2), (1, 8)] if tiny else [(8, 4), (2, 16)]
   # Dynamic sampling against none at three batches, the lr following the sqrt rule from LR0
-  # at the reference batch (lr_grid's second rate, as a rule the report reads as a series),
-  # 3 seeds: responses to target against the responses generated and those trained,
-  # invariance against the nominal and effective B.
+  # at the reference batch, 3 seeds: responses to target against the responses generated and
+  # those trained, invariance against the nominal and effective B.
   filtered = sw.product(
       {"rollout.dynamic_sampling": [False, True]}, {"p": [1, 2, 4] if tiny else [2, 4, 8]},
       {"seed": [0, 1, 2]},
-      sw.fixed(**{**common_[0], "optim.lr_scaling": "sqrt", "lr": LR0}))
+      sw.fixed(**{**base, "responses": 64 if tiny else 2560, "optim.lr_scaling": "sqrt",
+                  "lr": LR0, "target.value": 0.41}))
   return {
       "dynamic_sampling": filtered,
-      # The learning rate at every batch: 4 rates per P (lr_grid), 3 seeds; the study picks
-      # the best per P and extends a scan whose best rate is at its edge.
-      "lr_scan": sw.product(sw.chain(*(sw.product({"p": [p]},
-                                                  {"lr": lr_grid(p, ref)[1:3] if tiny
-                                                   else lr_grid(p, ref)})
-                                       for p in prompts)),
+      # The reference batch at the starting rate on the scan's seeds, evaluated at its start
+      # and end only: the study's target is a fraction of the gain it makes.
+      "reference": sw.product({"p": [ref], "lr": [LR0], "responses": [budget(ref)]},
+                              scan_seeds, sw.fixed(**{**base, "train.eval_every_responses":
+                                                      budget(ref)})),
+      # The learning rate at every batch: 5 rates per P (lr_grid), 3 seeds; the study picks
+      # one per P (and a runner-up) and extends a scan whose best rate is at its edge.
+      "lr_scan": sw.product(sw.chain(*(sw.product([pt], {"lr": lr_grid(pt["p"], ref)[1:3] if tiny
+                                                         else lr_grid(pt["p"], ref)})
+                                       for pt in each_p)),
                             scan_seeds, common_),
-      # At each P: its own best rate and the reference batch's (a fixed lr), on fresh seeds.
-      "confirm": sw.product({"p": list(prompts)}, {"lr": ["{lr}", ref_lr]}, held_out, common_),
-      # Equal P x G, split differently, at the best rate of that batch: does only P x G matter?
+      # The verdict: every P at its chosen rate and its runner-up, on seeds the scan did not
+      # use, as many as the power calculation asks.
+      "confirm": sw.product(each_p, {"lr": ["{lr}", "{lr#2}"]},
+                            {"seed": ["{seeds}"]}, common_),
+      # Equal P x G, split differently, at the chosen rate of that batch: does only P x G
+      # matter?
       "pairs": sw.product(sw.zip_axes({"p": [p for p, _ in pairs], "g": [g for _, g in pairs]}),
-                          {"lr": ["{lr:p=%d}" % pairs_at]}, held_out,
+                          {"lr": ["{lr:p=%d}" % pairs_at],
+                           "responses": [budget(pairs_at)]},
+                          {"seed": ["{seeds}"]},
                           {k: [v] for k, v in common_[0].items() if k != "g"}),
   }

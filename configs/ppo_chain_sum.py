@@ -38,43 +38,46 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   return c
 
 
-# PPO's batches in the CPU study: P = 4, 8, 16 prompts of G = 4 in one mini-batch, B = 16 ...
-# 64 responses per optimizer step (P x G varies, not only the mini-batch count). The critic
-# trains alone for its first 512 responses at every B (critic.warmup_steps = 512 / (P x G)
-# steps), so that the warm-up is the same number of responses at every batch, and the report
-# counts responses to target after it. The critic keeps its config lr (3e-4, no rule).
-PROMPTS, GROUP, REF_PROMPTS, WARMUP_RESPONSES = (4, 8, 16), 4, 8, 512
+# PPO's batches in the CPU study: P = 2 ... 64 prompts of G = 4 in one mini-batch, B = 8 ...
+# 256 responses per optimizer step, B0 = 16 as GRPO's, each run's budget GRPO's at that B. The
+# critic trains alone for its first 512 responses at every B (critic.warmup_steps = 512 /
+# (P x G) steps), the same responses at every batch; the report counts them wherever PPO is
+# compared with GRPO. The critic keeps its config lr (3e-4, no rule).
+PROMPTS, GROUP, REF_PROMPTS, WARMUP_RESPONSES = (2, 4, 8, 16, 32, 64), 4, 4, 512
 
 
 def _grid(p: int, ref: int, tiny: bool) -> list[float]:
-  """The GRPO study's rates around the sqrt rule (grpo_chain_sum.lr_grid); tiny: the middle
+  """The GRPO study's rates at the same B / B0 (grpo_chain_sum.lr_grid); tiny: the middle
   two."""
   grid = grpo_chain_sum.lr_grid(p, ref)
   return grid[1:3] if tiny else grid
 
 
 def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
-  """lr_scan: the actor's learning rate at each P (4 rates around the sqrt rule from 1e-4 at
-  P = 8, one seed; the study chooses per P and extends an edge); confirm: each P at its chosen
-  rate ("{optim.lr}"), 3 fresh seeds. Evaluated as the GRPO study (grpo_chain_sum.SAMPLED).
-  Used by configs/studies/chain_sum_cpu.py."""
+  """lr_scan: the actor's learning rate at each P (5 rates, the GRPO scan's grid and seeds; the
+  study chooses per P, a runner-up too, and extends an edge); confirm: each P at its chosen
+  rate ("{optim.lr}") and runner-up ("{optim.lr#2}"), as many fresh seeds as the power
+  calculation asks ("{seeds}"). Evaluated as the GRPO study (grpo_chain_sum.SAMPLED, STAGED),
+  no gradient clipping (actor or critic). Used by configs/studies/chain_sum_cpu.py."""
   tiny = "tiny" in (arg or "").split(",")
   prompts, group, ref, warmup = ((2, 4), 2, 2, 8) if tiny else (
       PROMPTS, GROUP, REF_PROMPTS, WARMUP_RESPONSES)
-  each_p = sw.zip_axes({"p": list(prompts),
-                        "critic.warmup_steps": [max(1, warmup // (p * group)) for p in prompts]})
-  common_ = sw.fixed(**{"g": group, "responses": 32 if tiny else 3072,
-                        "rl.num_minibatches": 1, "critic.num_minibatches": 1,
+  each_p = sw.zip_axes({
+      "p": list(prompts),
+      "critic.warmup_steps": [max(1, warmup // (p * group)) for p in prompts],
+      "responses": [32 if tiny else grpo_chain_sum.BUDGET[p * group // 8] for p in prompts]})
+  common_ = sw.fixed(**{"g": group, "rl.num_minibatches": 1, "critic.num_minibatches": 1,
                         "train.eval_every_responses": 8 if tiny else 128,
-                        **grpo_chain_sum.SAMPLED, "optim.lr_scaling": "none",
-                        "optim.reference_batch": ref * group,
+                        **grpo_chain_sum.SAMPLED, **grpo_chain_sum.STAGED,
+                        "optim.lr_scaling": "none", "optim.grad_clip": 0.0,
+                        "critic.optim.grad_clip": 0.0, "optim.reference_batch": ref * group,
                         # tiny sets 8-row micro-batches; its batches hold 4-16 rows
                         **({"rl.microbatch": "auto", "critic.microbatch": "auto"} if tiny
                            else {})})
   return {
       "lr_scan": sw.product(
           sw.chain(*(sw.product([pt], {"optim.lr": _grid(pt["p"], ref, tiny)})
-                     for pt in each_p)), {"seed": [0]}, common_),
-      "confirm": sw.product(each_p, {"optim.lr": ["{optim.lr}"]},
-                            {"seed": [1] if tiny else [1, 2, 3]}, common_),
+                     for pt in each_p)), {"seed": [0] if tiny else [0, 1, 2]}, common_),
+      "confirm": sw.product(each_p, {"optim.lr": ["{optim.lr}", "{optim.lr#2}"]},
+                            {"seed": ["{seeds}"]}, common_),
   }

@@ -68,8 +68,11 @@ def dry_run(runner) -> str:
         needs += [m.group(1) for v in o.values() if isinstance(v, str)
                   for m in [study._REF.match(v)] if m and m.group(1) not in needs]
     if needs:
-      lines.append(f"{s.name}: sweep {s.sweep} of {s.config} (after the choice of "
-                   f"{', '.join(needs)})")
+      what = [{"target": "the target", "seeds": "the power calculation's seeds"}.get(
+          k, f"the choice of {k}") for k in needs]
+      lines.append(f"{s.name}: sweep {s.sweep} of {s.config} (after {', '.join(what)})"
+                   + (f", chooses {s.choose}" + (f" per {', '.join(s.per)}" if s.per else "")
+                      if s.choose else ""))
       continue
     pts = points.points(s.config, s.sweep, os.path.join(runner.dir, s.name))
     lines.append(f"{s.name}: sweep {s.sweep} of {s.config}, {len(pts)} points"

@@ -163,23 +163,36 @@ def test_the_shipped_cpu_study_declares_its_stages(tmp_path, monkeypatch):
   assert r.returncode == 0, r.stderr
   heads = [line for line in r.stdout.splitlines() if not line.startswith("  ")]
   assert heads == [
-      "grpo_lr: sweep lr_scan of configs/grpo_chain_sum.py, 48 points, chooses lr per p",
-      "grpo: sweep confirm of configs/grpo_chain_sum.py (after the choice of lr)",
-      "pairs: sweep pairs of configs/grpo_chain_sum.py (after the choice of lr)",
-      "ppo_lr: sweep lr_scan of configs/ppo_chain_sum.py, 12 points, chooses optim.lr per p",
-      "ppo: sweep confirm of configs/ppo_chain_sum.py (after the choice of optim.lr)"]
-  # Its later stages are valid sweeps once the rates are chosen (checked before anything runs).
-  from rlscale.sweep import points
+      "target: sweep reference of configs/grpo_chain_sum.py, 3 points",
+      "grpo_lr: sweep lr_scan of configs/grpo_chain_sum.py (after the target), chooses lr "
+      "per p",
+      "grpo: sweep confirm of configs/grpo_chain_sum.py (after the choice of lr, the power "
+      "calculation's seeds, the target)",
+      "pairs: sweep pairs of configs/grpo_chain_sum.py (after the choice of lr, the power "
+      "calculation's seeds, the target)",
+      "ppo_lr: sweep lr_scan of configs/ppo_chain_sum.py (after the target), chooses optim.lr "
+      "per p",
+      "ppo: sweep confirm of configs/ppo_chain_sum.py (after the choice of optim.lr, the power "
+      "calculation's seeds, the target)"]
+  # Its later stages are valid sweeps once the target, rates and seeds are set.
   monkeypatch.chdir(REPO)
   runner = study.StudyRunner("configs/studies/chain_sum_cpu.py", str(tmp_path / "st"))
-  runner.record["chosen"]["lr"] = {"per": ["p"], "values": {
-      f"p={p}": 1e-4 * p for p in (1, 2, 4, 8)}}
-  grpo = runner.points_of(runner.stages[1], str(tmp_path / "g"))
-  assert len(grpo) == 35  # 4 P x {own, p=2's} x 5 seeds, p=2's own and reference merged
-  assert {p.overrides["lr"] for p in grpo if p.overrides["p"] == 8} == {8e-4, 2e-4}
-  assert len(runner.points_of(runner.stages[2], str(tmp_path / "p"))) == 10
-  assert points.points("configs/ppo_chain_sum.py", "lr_scan", str(tmp_path / "q"))[0].overrides[
-      "critic.warmup_steps"] == 32  # 512 warm-up responses at P x G = 16
+  runner.record["target"] = {"metric": "eval/accuracy_sampled", "value": 0.4}
+  assert len(runner.points_of(runner.stages[1], str(tmp_path / "s"))) == 90  # 6 P x 5 x 3
+  runner.record["chosen"]["lr"] = {"per": ["p"], "key": "lr", "values": {
+      f"p={p}": 1e-4 * p for p in (1, 2, 4, 8, 16, 32)}, "runner_up": {
+      f"p={p}": 2e-4 * p for p in (1, 2, 4, 8, 16, 32)}}
+  runner.record["seeds"] = {"grpo": {"n": 12}, "pairs": {"n": 12}}
+  grpo = runner.points_of(runner.stages[2], str(tmp_path / "g"))
+  assert len(grpo) == 6 * 2 * 12  # P x {chosen, runner-up} x power-sized seeds
+  assert {p.overrides["lr"] for p in grpo if p.overrides["p"] == 8} == {8e-4, 16e-4}
+  assert {p.overrides["seed"] for p in grpo} == set(range(100, 112))
+  assert {p.overrides["target.value"] for p in grpo} == {0.4}
+  assert {p.overrides["optim.grad_clip"] for p in grpo} == {0.0}
+  assert len(runner.points_of(runner.stages[3], str(tmp_path / "p"))) == 24
+  ppo = runner.points_of(runner.stages[4], str(tmp_path / "q"))
+  assert len(ppo) == 90 and {p.overrides["seed"] for p in ppo} == {0, 1, 2}
+  assert ppo[0].overrides["critic.warmup_steps"] == 64  # 512 warm-up responses at P x G = 8
 
 
 @pytest.mark.slow(seconds=200)
@@ -198,6 +211,8 @@ def test_the_tiny_cpu_study_runs_end_to_end_into_its_report_dir(tmp_path):
   assert set(record["chosen"]["lr"]["values"]) == {"p=1", "p=2"}
   assert set(record["chosen"]["optim.lr"]["values"]) == {"p=2", "p=4"}
   assert record["target"]["metric"] == "eval/accuracy_sampled"
-  assert set(record["stages"]) == {"grpo_lr", "grpo", "pairs", "ppo_lr", "ppo"}
+  assert set(record["stages"]) == {"target", "grpo_lr", "grpo", "pairs", "ppo_lr", "ppo"}
+  assert record["target"]["stage"] == "target"
+  assert record["seeds"]["grpo"]["n"] == 2 and record["chosen"]["lr"]["runner_up"]
   md = (tmp_path / "docs" / "report.md").read_text()
   assert "## Verdict" in md and "## Runs not used" in md
