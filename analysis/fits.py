@@ -15,6 +15,7 @@ import numpy as np
 from scipy import optimize
 from scipy import stats as sps
 
+from analysis import stats
 from rlscale.metrics import crossing
 
 
@@ -109,6 +110,12 @@ def critical_batch(points_by_batch: dict, reps: int = 1000, level: float = 0.95,
     rms below 0.05 when no spread is known);
   - `inside`: B_crit lies within [smallest B / 4, largest B x 4] in at least `level` of the
     reps; beyond it the data give only a bound (`bound` = the reps' 5% or 95% quantile).
+
+  A rep in which a batch's resampled median never reached the target (more than half its
+  resampled seeds were censored) has no fit. It is not dropped, which would condition the
+  interval on the reps that reached it: it counts on whichever side widens each bound (a bound
+  that falls among such reps is 0 or inf) and as outside for `inside`; `failed_reps` and
+  `failed_share` say how many there were. The `*_draws` hold the fitted reps only.
   """
   batches = sorted(points_by_batch)
   seeds = [np.asarray(points_by_batch[b], float) for b in batches]
@@ -135,17 +142,22 @@ def critical_batch(points_by_batch: dict, reps: int = 1000, level: float = 0.95,
   ok = np.isfinite(boot).all(axis=1)
   grid = np.geomspace(b.min() / _SPAN, b.max() * _SPAN, 601)
   many = _fit_many(np.log(b), np.log(boot[ok]), grid) if ok.any() else None
-  alpha = (1 - level) / 2
+  draws = {}
+  for k in ("b_crit", "e_min", "s_min"):
+    draws[k] = np.full(reps, np.nan)           # nan: a rep with no fit (stats.percentile_bounds)
+    if many is not None:
+      draws[k][ok] = many[k]
+    lo, hi = stats.percentile_bounds(draws[k], level, linear=True)
+    out[f"{k}_lo"], out[f"{k}_hi"] = max(lo, 0.0), hi
   if many is not None:
-    for k in ("b_crit", "e_min", "s_min"):
-      lo, hi = np.quantile(many[k], [alpha, 1 - alpha])
-      out[f"{k}_lo"], out[f"{k}_hi"] = float(lo), float(hi)
     out["b_crit_draws"], out["e_min_draws"] = many["b_crit"], many["e_min"]
   out["reps"], out["failed_reps"] = reps, int((~ok).sum())
+  out["failed_share"] = float((~ok).mean())
   # Diagnostics.
   spread = _log_median_se(seeds)
-  lo_i = [np.quantile(s, 0.1) for s in seeds]
-  hi_i = [np.quantile(s, 0.9) for s in seeds]
+  with np.errstate(invalid="ignore"):   # a quantile against an inf seed: nan, never a fall
+    lo_i = [np.quantile(s, 0.1) for s in seeds]
+    hi_i = [np.quantile(s, 0.9) for s in seeds]
   falls = [f"{batches[i]:g} -> {batches[i + 1]:g}" for i in range(len(b) - 1)
            if lo_i[i] > hi_i[i + 1]]
   if falls:
@@ -160,20 +172,25 @@ def critical_batch(points_by_batch: dict, reps: int = 1000, level: float = 0.95,
                             f"{dof} dof)")
   elif fit["residual"] > 0.05:
     out["reasons"].append(f"rms log residual {fit['residual']:.3f} > 0.05")
-  if many is not None:
-    lo_b, hi_b = b.min() / _BEYOND, b.max() * _BEYOND
-    inside = float(np.mean((many["b_crit"] >= lo_b) & (many["b_crit"] <= hi_b)))
-    out["inside"] = inside
-    if inside < level:
-      above = float(np.mean(many["b_crit"] > hi_b))
-      if above >= float(np.mean(many["b_crit"] < lo_b)):
-        out["bound"] = ("lower", float(np.quantile(many["b_crit"], 0.05)))
-        out["reasons"].append(f"B_crit beyond {hi_b:g} in {above:.0%} of the reps: E barely "
-                              "grows over the batches tried (a lower bound only)")
-      else:
-        out["bound"] = ("upper", float(np.quantile(many["b_crit"], 0.95)))
-        out["reasons"].append("B_crit below the batches tried: E grows in proportion to B "
-                              "throughout (an upper bound only)")
+  lo_b, hi_b = b.min() / _BEYOND, b.max() * _BEYOND
+  bc = draws["b_crit"]
+  with np.errstate(invalid="ignore"):
+    inside, above, below = (float(np.mean(v)) for v in ((bc >= lo_b) & (bc <= hi_b), bc > hi_b,
+                                                         bc < lo_b))
+  out["inside"] = inside
+  if inside < level:
+    q05, q95 = stats.percentile_bounds(bc, 0.9, linear=True)
+    if out["failed_share"] > max(above, below):
+      out["reasons"].append(f"{out['failed_share']:.0%} of the bootstrap reps had a batch whose "
+                            "median never reached the target: these seeds do not bound B_crit")
+    elif above >= below:
+      out["bound"] = ("lower", max(q05, 0.0))
+      out["reasons"].append(f"B_crit beyond {hi_b:g} in {above:.0%} of the reps: E barely "
+                            "grows over the batches tried (a lower bound only)")
+    else:
+      out["bound"] = ("upper", q95)
+      out["reasons"].append("B_crit below the batches tried: E grows in proportion to B "
+                            "throughout (an upper bound only)")
   return dict(out, identified=not out["reasons"])
 
 

@@ -37,7 +37,9 @@ def interval(point, lo, hi, final=None, unit: str = "") -> str:
 
 def iv(v, unit: str = "", final=None) -> str:
   """A stats.Interval for people, with its seeds and coverage:
-  '4.2k [4.1k, 4.3k] (n=5, 94%)'; below 3 seeds 'range 4.1k–4.3k (n=2)'; one seed '(n=1)'."""
+  '4.2k [4.1k, 4.3k] (n=5, 94%)', with the share of bootstrap resamples in which a median was
+  censored (more than half its seeds never reached the target) when there were any; below 3
+  seeds 'range 4.1k–4.3k (n=2)'; one seed '(n=1)'."""
   if v is None or pd.isna(v.point):
     return "—"
   if math.isinf(v.point) and v.point > 0:
@@ -47,7 +49,10 @@ def iv(v, unit: str = "", final=None) -> str:
     return f"{num(v.point)}{unit} (n={v.n})"
   if v.method == "range":
     return f"{num(v.point)}{unit} (range {num(v.lo)}–{num(v.hi)}, n={v.n})"
-  return f"{num(v.point)}{unit} [{num(v.lo)}, {num(v.hi)}] (n={v.n}, {v.coverage:.0%})"
+  cover = "coverage not measured" if math.isnan(v.coverage) else f"{v.coverage:.0%}"
+  censored = getattr(v, "censored", 0.0) or 0.0
+  tail = f", {censored:.0%} of resamples censored" if censored > 0.005 else ""
+  return f"{num(v.point)}{unit} [{num(v.lo)}, {num(v.hi)}] (n={v.n}, {cover}{tail})"
 
 
 def table(df: pd.DataFrame) -> str:
@@ -123,13 +128,17 @@ def _definitions(study) -> list[str]:
       "stages' seeds of a configuration. Statistics over seeds are medians; a median's interval "
       "is the distribution-free order-statistic one, printed with its seeds and exact coverage"
       + (f" ({cover})" if cover else "") + "; below 3 seeds only the range is shown. A ratio's "
-      "interval is a percentile bootstrap, each side resampled within itself; its coverage, "
-      "measured by simulation at the seed counts used, is" + (f" {ratio}" if ratio else
-                                                              " printed beside it") + ".",
+      "interval is a percentile bootstrap of Kaplan–Meier medians, each side resampled within "
+      "itself; a run that never reached the target is censored at its end, a resample whose "
+      "median is censored is kept (a ratio over it reads 0, one of it ∞) and the share of "
+      "such resamples is printed; its coverage, measured by simulation at the seed counts "
+      "used and at each interval's own censoring, is printed beside it"
+      + (f" (without censoring: {ratio})" if ratio else "") + ". No interval rests on one seed.",
       "- **Responses to target** = where the raw evaluations first reach the target, "
       "interpolated between that evaluation and the one before (rlscale/metrics/crossing.py): "
       "no smoothing window, and no later evaluation moves it, so it does not depend on how "
-      "often a run evaluates; a PPO critic's warm-up responses are subtracted (shown beside). Never "
+      "often a run evaluates. Within PPO the critic's warm-up responses (the same at every batch) "
+      "are subtracted; wherever PPO is compared with GRPO they are counted. Never "
       "reached = ∞ ('not reached (final X)'). **Steps to target** = the actor's optimizer "
       f"steps by then; fewer than {o.min_steps} is flagged as a transient.",
       "- **Time to target** = responses to target / steady throughput (median over steps ≥ 2 "

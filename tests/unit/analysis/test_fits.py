@@ -98,6 +98,30 @@ def test_critical_batch_says_why_it_is_not_identified():
   assert any("fewer than 3 seeds" in r for r in fits.critical_batch(two)["reasons"])
 
 
+def test_critical_batch_keeps_the_reps_whose_median_never_got_there():
+  """One of B = 128's 5 seeds never reached the target: its resampled median is inf in
+  P(Bin(5, 1/5) >= 3) = 5.8% of the reps, which have no fit. They are kept on the side that
+  widens each bound (not dropped, which gave a finite interval conditioned on the other 94%):
+  more than 2.5% on each side, so B_crit is unbounded both ways and not identified."""
+  study = _study(np.random.default_rng(3), 0.1)
+  clean = fits.critical_batch(study, reps=1000)
+  assert clean["identified"] and clean["failed_share"] == 0
+  study[128][0] = math.inf
+  out = fits.critical_batch(study, reps=1000)
+  assert abs(out["failed_share"] - 0.0579) < 0.02 and out["failed_reps"] == round(
+      1000 * out["failed_share"])
+  assert (out["b_crit_lo"], out["b_crit_hi"]) == (0.0, math.inf) and out["e_min_hi"] == math.inf
+  assert not out["identified"] and any("never reached" in r for r in out["reasons"])
+  assert out["inside"] <= 1 - out["failed_share"] and out["b_crit_draws"].size == out[
+      "reps"] - out["failed_reps"]
+  # 1 of 10 seeds: 0.16% of the reps fail, the interval stays finite and holds them.
+  ten = {b: np.r_[v, v * 1.01] for b, v in _study(np.random.default_rng(4), 0.1).items()}
+  ten[128][0] = math.inf
+  out = fits.critical_batch(ten, reps=1000)
+  assert out["failed_share"] < 0.01 and out["b_crit_lo"] <= out["b_crit"] <= out["b_crit_hi"]
+  assert math.isfinite(out["b_crit_hi"])
+
+
 def test_tolerance_batch_is_where_e_is_within_tolerance_of_e_min():
   b = fits.tolerance_batch(100.0, 0.2)
   assert b == pytest.approx(20.0)             # B_crit / 5 at 20%
