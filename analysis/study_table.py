@@ -12,7 +12,12 @@ cost, or responses trained, those that entered an update):
 - responses to target: the first crossing of the run's raw evaluations, interpolated
   (rlscale/metrics/crossing.py), less a PPO critic's warm-up responses (the actor did not train in
   them; stated beside); never smoothed over evaluations, so it does not depend on how often a
-  run evaluates;
+  run evaluates. `responses_to_target_incl_warmup` and `time_to_target_incl_warmup` count the
+  warm-up (from the run's start): PPO against GRPO compares those;
+- gradient clipping: the actor's optim.grad_clip, its median grad norm (logged before
+  clipping) and the fraction of its optimizer steps clipped, up to the crossing: a clip that
+  acts at some batches and not at others changes the update rule with B
+  (clip_fraction_check);
 - the run's learning rate is the actor's effective one (its base lr through its scaling
   rule), so a configuration is (kind, P, G, mini-batches, lr, ...) however its lr was set;
 - the effective batch: the mean of `rollout/effective_batch` (informative responses per
@@ -259,6 +264,48 @@ def effective_batch(run: Run, cross_at: float, x: str = GENERATED) -> float:
   return float(np.mean(list(by_step.values()))) if by_step else math.nan
 
 
+def grad_clip(run: Run, model: str = "actor") -> float:
+  """The model's gradient clip (optim.grad_clip, critic.optim.grad_clip): the global norm its
+  gradient is clipped to before each optimizer step; 0 when clipping is off."""
+  cfg = run.config.get("optim", {}) if model == "actor" else \
+      (run.config.get(model) or {}).get("optim", {})
+  v = cfg.get("grad_clip") if isinstance(cfg, dict) else None
+  return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+
+
+def _trained_norms(run: Run, cross_at: float, model: str, x: str) -> list[float]:
+  """`{model}/grad_norm` of the steps up to the one that crossed the target at `cross_at`
+  responses on axis `x` (all steps when inf) in which the model trained (a PPO actor idles,
+  with a zero norm, while its critic warms up)."""
+  last = math.ceil(run.steps_at(cross_at, x) - 1e-9) if math.isfinite(cross_at) else math.inf
+  key = f"{model}/grad_norm"
+  by_step = {r["step"]: r[key] for r in run.rows
+             if isinstance(r.get("step"), (int, float)) and 1 <= r["step"] <= last
+             and isinstance(r.get(key), (int, float)) and math.isfinite(r[key]) and r[key] > 0}
+  return list(by_step.values())
+
+
+def grad_norm_median(run: Run, cross_at: float, model: str = "actor",
+                     x: str = GENERATED) -> float:
+  """The median logged grad norm (before clipping: rlscale/rl/update.py) of the model's
+  trained steps up to the crossing at `cross_at` (_trained_norms); NaN when it logged none."""
+  norms = _trained_norms(run, cross_at, model, x)
+  return float(np.median(norms)) if norms else math.nan
+
+
+def clip_fraction(run: Run, cross_at: float, model: str = "actor", x: str = GENERATED) -> float:
+  """The fraction of the model's optimizer steps up to the crossing at `cross_at` whose
+  gradient was clipped: logged grad norm (before clipping) > its grad_clip; 0 when clipping is
+  off, NaN when it logged no grad norm. A row logs the mean norm over its RL step's optimizer
+  steps: exact with one optimizer step per RL step (num_minibatches = num_epochs = 1), else
+  each RL step counts as clipped when its mean norm exceeds the clip."""
+  clip = grad_clip(run, model)
+  if clip <= 0:
+    return 0.0
+  norms = _trained_norms(run, cross_at, model, x)
+  return float(np.mean(np.asarray(norms) > clip)) if norms else math.nan
+
+
 def steady_throughput(run: Run, x: str = GENERATED) -> float:
   """Responses on axis `x` per second of a step net of evaluation and checkpointing, median
   over steps >= 2 (step 1 carries the compilation) past any critic warm-up (steps in which the
@@ -275,24 +322,46 @@ def steady_throughput(run: Run, x: str = GENERATED) -> float:
   return float(np.median(rates)) if rates else math.nan
 
 
-def time_to_target(run: Run, rtt: float, throughput: float, x: str = GENERATED) -> float:
-  """Seconds to `rtt` responses to target on axis `x`: rtt / steady throughput; for a run whose
-  steps vary in responses (dynamic sampling), its RL steps to the crossing x the median net
-  seconds of a step (a median rate of responses per second would weigh steps that generated
-  more responses as faster ones). The crossing is interpolated on axis `x` between
-  evaluations, so the two axes can place it a fraction of a step apart."""
+def _net_step_times(run: Run, first: int, last: float = math.inf) -> list[float]:
+  """Seconds of each step in [first, last] net of evaluation and checkpointing (positive
+  ones)."""
+  net = [r["time/step"] - (r.get("time/eval") or 0) - (r.get("time/checkpoint") or 0)
+         for r in run.rows if first <= r.get("step", 0) <= last
+         and isinstance(r.get("time/step"), (int, float))]
+  return [t for t in net if t > 0]
+
+
+def warmup_seconds(run: Run) -> float:
+  """Seconds a PPO critic's warm-up took (0 for the others): its steps x the median net
+  seconds of a warm-up step (steps >= 2: step 1 carries the compilation); the steady steps'
+  median when no warm-up step past the first logged a time (NaN when none did)."""
+  steps = warmup_steps(run)
+  if not steps:
+    return 0.0
+  net = _net_step_times(run, 2, steps) or _net_step_times(run, max(2, steps + 1))
+  return steps * float(np.median(net)) if net else math.nan
+
+
+def time_to_target(run: Run, rtt: float, throughput: float, x: str = GENERATED,
+                   incl_warmup: bool = False) -> float:
+  """Seconds to `rtt` responses to target on axis `x` (the actor's: a PPO critic's warm-up
+  left out): rtt / steady throughput; for a run whose steps vary in responses (dynamic
+  sampling), its RL steps to the crossing past the warm-up x the median net seconds of a step
+  (a median rate of responses per second would weigh steps that generated more responses as
+  faster ones). The crossing is interpolated on axis `x` between evaluations, so the two axes
+  can place it a fraction of a step apart. With `incl_warmup`, plus the seconds the warm-up
+  took (warmup_seconds): the time from the run's start, which is what compares a PPO run
+  with a GRPO run."""
   if not math.isfinite(rtt):
     return math.inf
+  extra = warmup_seconds(run) if incl_warmup else 0.0
   if not run.dynamic_sampling:
-    return rtt / throughput if throughput > 0 else math.nan
-  first = max(2, warmup_steps(run) + 1)
-  net = [r["time/step"] - (r.get("time/eval") or 0) - (r.get("time/checkpoint") or 0)
-         for r in run.rows if r.get("step", 0) >= first
-         and isinstance(r.get("time/step"), (int, float))]
-  net = [t for t in net if t > 0]
+    return rtt / throughput + extra if throughput > 0 else math.nan
+  net = _net_step_times(run, max(2, warmup_steps(run) + 1))
   if not net:
     return math.nan
-  return run.steps_at(rtt + warmup_responses(run, x), x) * float(np.median(net))
+  steps = run.steps_at(rtt + warmup_responses(run, x), x) - warmup_steps(run)
+  return max(steps, 0.0) * float(np.median(net)) + extra
 
 
 def b_simple_at(run: Run, at: float, unit: str, model: str = "actor",
@@ -545,8 +614,10 @@ def _shown(key: str, value) -> str:
 def _add_outcomes(study: Study):
   runs, m, t, ax = study.runs, study.metric, study.target, study.opts.x
   cols = {k: [] for k in ("n_eval", "base", "final", "peak", "responses_to_target",
-                          "bracket", "steps_to_target", "effective_B", "throughput",
-                          "time_to_target",
+                          "responses_to_target_incl_warmup", "bracket", "steps_to_target",
+                          "effective_B", "throughput", "time_to_target",
+                          "time_to_target_incl_warmup", "grad_clip", "grad_norm",
+                          "clip_fraction",
                           "b_simple_prompts", "b_simple_responses", "g2_prompts",
                           "trace_prompts", "g2_responses", "trace_responses",
                           "drop_after_target")}
@@ -564,11 +635,17 @@ def _add_outcomes(study: Study):
     cols["final"].append(float(y[-1]) if ok else math.nan)
     cols["peak"].append(float(y.max()) if ok else math.nan)
     cols["responses_to_target"].append(rtt)
+    cols["responses_to_target_incl_warmup"].append(cross_at)
     cols["bracket"].append((br[1] - br[0]) if br else math.nan)
     cols["steps_to_target"].append(steps_to_target(run, rtt, ax) if ok else math.nan)
     cols["effective_B"].append(effective_batch(run, cross_at, ax) if ok else math.nan)
     cols["throughput"].append(thr)
     cols["time_to_target"].append(time_to_target(run, rtt, thr, ax) if ok else math.nan)
+    cols["time_to_target_incl_warmup"].append(
+        time_to_target(run, rtt, thr, ax, incl_warmup=True) if ok else math.nan)
+    cols["grad_clip"].append(grad_clip(run) if planned else math.nan)
+    cols["grad_norm"].append(grad_norm_median(run, cross_at, x=ax) if ok else math.nan)
+    cols["clip_fraction"].append(clip_fraction(run, cross_at, x=ax) if ok else math.nan)
     for unit in ("prompts", "responses"):
       g2, tr, per = noise_at(run, cross_at, unit, x=ax) if ok else (math.nan, math.nan, 1)
       cols[f"b_simple_{unit}"].append(ratio_of_means(g2, tr, per))
@@ -607,21 +684,29 @@ def _mark_duplicates(study: Study):
     runs.loc[i, "problem"] = f"duplicate of {first} (same configuration and seed)"
 
 
+# The columns that depend on the target (seed_values recomputes them at another one).
+_AT_TARGET = ("responses_to_target", "responses_to_target_incl_warmup", "time_to_target",
+              "time_to_target_incl_warmup", "steps_to_target")
+
+
 def seed_values(study: Study, config: str, column: str = "responses_to_target",
                 target: float | None = None, runs: pd.DataFrame | None = None) -> np.ndarray:
   """A configuration's verdict seeds' values of `column` (NaN dropped, inf kept), at `target`
   when it differs from the study's (responses or time to it, recomputed)."""
   runs = study.verdict_runs() if runs is None else runs
   rows = runs[runs.config == config]
-  if target is not None and target != study.target and column in (
-      "responses_to_target", "time_to_target", "steps_to_target"):
+  if target is not None and target != study.target and column in _AT_TARGET:
     out = []
     for r in rows.itertuples():
-      run = study.records[r.run]
-      rtt = responses_to_target(run, study.metric, target, study.opts.x)
-      out.append({"responses_to_target": rtt,
-                  "time_to_target": time_to_target(run, rtt, r.throughput, study.opts.x),
-                  "steps_to_target": steps_to_target(run, rtt, study.opts.x)}[column])
+      run, ax = study.records[r.run], study.opts.x
+      rtt = responses_to_target(run, study.metric, target, ax)
+      out.append({
+          "responses_to_target": lambda: rtt,
+          "responses_to_target_incl_warmup": lambda: rtt + warmup_responses(run, ax),
+          "time_to_target": lambda: time_to_target(run, rtt, r.throughput, ax),
+          "time_to_target_incl_warmup": lambda: time_to_target(run, rtt, r.throughput, ax,
+                                                               incl_warmup=True),
+          "steps_to_target": lambda: steps_to_target(run, rtt, ax)}[column]())
     v = np.asarray(out, float)
   else:
     v = rows[column].to_numpy(float)
@@ -629,14 +714,22 @@ def seed_values(study: Study, config: str, column: str = "responses_to_target",
 
 
 _DESCRIBE = ["label", "kind", "dynamic_sampling", "P", "G", "responses_per_step", "B", "B_prompts",
-             "num_minibatches", "lr", "lr_rule", "chips", "B0", "warmup"]
+             "num_minibatches", "lr", "lr_rule", "chips", "B0", "warmup", "grad_clip"]
 
 
 def config_table(study: Study, target: float | None = None) -> pd.DataFrame:
   """One row per configuration (its verdict seeds): responses, steps and time to target with
   their intervals (stats.median_interval: n and coverage beside them), final value,
   throughput, the effective batch (median over seeds), B_simple at the crossing, how many of
-  its seeds are tuning seeds."""
+  its seeds are tuning seeds, and the actor's gradient clipping: `grad_clip` (0: off),
+  `grad_norm` (median over seeds of each run's median norm before clipping) and
+  `clip_fraction` (median over seeds of the fraction of optimizer steps clipped; both up to
+  the crossing).
+
+  `rtt`/`ttt` are the actor's responses and time to target: a PPO critic's warm-up left out,
+  which is fair between PPO configurations whose warm-up is the same (the study's: the same
+  responses at every B). `rtt_incl`/`ttt_incl` count the warm-up (responses and seconds from
+  the run's start): every comparison of PPO with GRPO must use these."""
   used = study.verdict_runs()
   if used.empty:
     return pd.DataFrame()
@@ -645,9 +738,12 @@ def config_table(study: Study, target: float | None = None) -> pd.DataFrame:
       n_seeds=("run", "size"), throughput=("throughput", "median"),
       effective_B=("effective_B", "median"),
       responses=("responses_seen", "max"), tuning_seeds=("role", lambda r: (r == "tuning").sum()),
-      max_drop=("drop_after_target", "max"))
-  table = first[_DESCRIBE].join(agg)
+      max_drop=("drop_after_target", "max"), grad_norm=("grad_norm", "median"),
+      clip_fraction=("clip_fraction", "median"))
+  table = first[[c for c in _DESCRIBE if c in first]].join(agg)
   for col, name in (("responses_to_target", "rtt"), ("time_to_target", "ttt"),
+                    ("responses_to_target_incl_warmup", "rtt_incl"),
+                    ("time_to_target_incl_warmup", "ttt_incl"),
                     ("steps_to_target", "steps"), ("final", "final"),
                     ("b_simple_prompts", "bsp"), ("b_simple_responses", "bsr")):
     ivs = []
@@ -698,3 +794,37 @@ def curve_shortfall(curve: pd.DataFrame, ref: pd.DataFrame, points: int = 16) ->
   b = np.interp(x, ref.responses, ref["median"])
   keep = np.isfinite(a) & np.isfinite(b)
   return float(np.max(b[keep] - a[keep])) if keep.any() else math.nan
+
+
+CLIP_DIFFERENCE = 0.1  # clip_fraction_check: the largest difference allowed between batches
+
+
+def clip_fraction_check(rows: pd.DataFrame, max_difference: float = CLIP_DIFFERENCE
+                        ) -> tuple[bool, str]:
+  """Whether gradient clipping acts alike at every batch of a series: `rows` are its rows of
+  the configuration table (Series.rows: B, grad_clip, clip_fraction, grad_norm). Passes when
+  clipping is off at every batch, or when the fractions of optimizer steps clipped differ by
+  at most `max_difference` between the batches; fails when they differ by more (the clip
+  rescales the update at some batches only: the update rule changes with B) or when a batch
+  with clipping on logged no grad norm (unknown)."""
+  rows = rows.sort_values("B")
+  clips = rows.grad_clip.fillna(0).astype(float)
+  if not (clips > 0).any():
+    return True, "gradient clipping is off at every batch (optim.grad_clip = 0)"
+  clip_text = (f"clip {clips.iloc[0]:g}" if clips.nunique() == 1 else "clip " + ", ".join(
+      f"{c:g} at B = {b}" for b, c in zip(rows.B, clips)))
+  frac = rows.clip_fraction.astype(float)
+  unknown = rows.B[frac.isna() & (clips > 0)]
+  if len(unknown):
+    return False, (f"gradient clipping is on ({clip_text}) but the runs at B = "
+                   f"{', '.join(map(str, unknown))} log no actor/grad_norm: whether it acts "
+                   "alike at every batch is unknown")
+  per = ", ".join(f"B = {b}: {f:.0%}" + (f" (median norm {g:.3g})" if pd.notna(g) else "")
+                  for b, f, g in zip(rows.B, frac, rows.get("grad_norm", [math.nan] * len(rows))))
+  spread = float(frac.max() - frac.min())
+  ok = spread <= max_difference
+  return ok, (f"fraction of optimizer steps clipped (grad norm before clipping > the "
+              f"{clip_text}): {per}; it differs by {spread:.2f} between batches (allowed: "
+              f"{max_difference:g})" + ("" if ok else ": the clip rescales the update at some "
+                                         "batches and not at others, so the update rule "
+                                         "changes with B"))

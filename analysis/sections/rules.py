@@ -4,6 +4,7 @@ does a fixed rate cost?) and configurations of equal P x G."""
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import pandas as pd
@@ -15,6 +16,8 @@ from analysis import study_table as st
 from analysis.report_md import iv, num
 from analysis.runs import axis_label
 from analysis.sections.common import ratio, study_series
+from analysis.sections.questions import MIN_COVERAGE, rules_out
+from analysis.series import chosen_rule
 from analysis.sections.types import Figure, Section
 
 RULES = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}  # the exponent of lr in B of each rule
@@ -64,18 +67,25 @@ def eligible(scan: pd.DataFrame, band: float) -> pd.Series:
   return (scan.final_med >= best - band) & ~(scan.max_drop > band)
 
 
+# How lr_optima chooses where the study recorded no choice: the runner's rule
+# (rlscale/sweep/study.py's choose).
+REPORT_RULE = ("fewest median responses to target over the scan's seeds among the stable rates, "
+               "then the faster slowest seed")
+
+
 def lr_optima(scan: pd.DataFrame, chosen: dict[int, float] | None = None) -> pd.DataFrame:
-  """Per B: the chosen lr (the study's, else by the runner's rule: the stable rate whose slowest
-  seed reaches the target first), whether it is at the edge of the rates its scan tried, and
-  lr*, the optimum of the median responses among the stable rates refined between grid points
-  (fits.lr_optimum), which the exponent of lr*(B) is fitted to."""
+  """Per B: the chosen lr (the study's, else by the runner's rule, REPORT_RULE), whether it is
+  at the edge of the rates its scan tried, and lr*, the optimum of the median responses among
+  the stable rates refined between grid points (fits.lr_optimum), which the exponent of lr*(B)
+  is fitted to."""
   out = []
   for b, g in scan.groupby("B"):
     f = fits.lr_optimum(g.lr, g.rtt.where(g.eligible, np.inf))
-    ok = g[g.eligible & np.isfinite(g.worst)]
+    ok = g[g.eligible & np.isfinite(g.rtt)]
     pick = (chosen or {}).get(int(g.P.iloc[0]))
     if pick is None:
-      pick = float(ok.sort_values(["worst", "rtt"]).lr.iloc[0]) if len(ok) else float("nan")
+      pick = (float(ok.assign(_f=-ok.final_med).sort_values(["rtt", "worst", "_f"]).lr.iloc[0])
+              if len(ok) else float("nan"))
     grid = g[g.scanned] if g.scanned.any() else g
     edge = bool(np.isfinite(pick) and (len(grid) < 2 or any(
         abs(pick / v - 1) < 1e-3 for v in (grid.lr.min(), grid.lr.max()))))
@@ -118,8 +128,17 @@ def learning_rate(study: st.Study, table: pd.DataFrame) -> Section:
     scan = scan_table(study, kind, g, on)
     if scan.empty or scan.groupby("B").lr.nunique().max() < 2:
       continue
+    base_kind = kind
     kind = f"{kind} filtered" if on else kind  # names its tables, figure and facts
     opt = lr_optima(scan, _chosen(study, kind))
+    sec.facts.setdefault("lr_per_B", {})[kind] = opt
+    rule = chosen_rule(study, kind) if _chosen(study, kind) else None
+    how = (f"the study's choice, {rule}" if rule else "the study's choice" if rule == ""
+           else f"by the study runner's rule, {REPORT_RULE}")
+    warm = table[table.kind == base_kind].warmup.fillna(0).astype(float)
+    note = _warmup_note(base_kind, table[table.kind == base_kind]) if warm.gt(0).any() else ""
+    if note and note not in sec.text:
+      sec.text.append(note)
     sec.tables.append((f"{kind}: responses to target per B and lr over the scan's seeds "
                        f"(median [interval] (seeds, coverage), and the slowest seed); stable: the "
                        f"median final within {_band(study):g} of the best rate's and no seed "
@@ -133,24 +152,19 @@ def learning_rate(study: st.Study, table: pd.DataFrame) -> Section:
                            "largest drop": scan.max_drop,
                            "stable": ["yes" if e else "no" for e in scan.eligible]})))
     edges = opt[opt.at_edge & (opt.tried > 1)]
-    sec.tables.append((f"{kind}: the lr per B (chosen: the stable rate whose slowest seed "
-                       "reaches the target first; at edge: the smallest or largest rate its "
-                       "scan tried; lr*: the optimum of the median refined between grid points, "
-                       "to which lr*(B) is fitted)", pd.DataFrame({
-                           "B": opt.B, "rates tried": opt.tried, "chosen": opt.chosen.map(num),
-                           "at edge": opt.at_edge, "lr*": opt.lr_star.map(num)})))
+    sec.tables.append((lr_per_b_title(kind, how), pd.DataFrame({
+                           "B": opt.B, "tried": opt.tried, "chosen": opt.chosen.map(num),
+                           "at_edge": opt.at_edge, "lr*": opt.lr_star.map(num)})))
     ex = lr_exponent(study, scan)
     sec.facts.setdefault("exponent", {})[kind] = ex
     edge = (f"; the best lr is at its scan's edge at B = {', '.join(map(str, edges.B))} (the "
             "optimum may lie beyond)" if len(edges) else "")
     if np.isfinite(ex["lo"]):
-      admits = [name for name, a in RULES.items() if ex["lo"] <= a <= ex["hi"]]
-      sec.verdict.append(
-          f"{kind}: the best lr grows as B^{num(ex['exponent'])} [{num(ex['lo'])}, "
-          f"{num(ex['hi'])}] over {len(ex['batches'])} batches ({ex['seeds']}+ seeds per rate; "
-          f"the interval's coverage on simulated scans like this one: {ex['coverage']:.0%}); "
-          f"sqrt = 0.5, linear = 1, none = 0: the interval admits "
-          f"{', '.join(admits) or 'none of them'}{edge}.")
+      sec.verdict.append(f"{kind}: the best lr grows as B^{num(ex['exponent'])} "
+                         f"[{num(ex['lo'])}, {num(ex['hi'])}] over {len(ex['batches'])} batches "
+                         f"({ex['seeds']}+ seeds per rate; the interval's coverage on simulated "
+                         f"scans like this one: {ex['coverage']:.0%}); sqrt = 0.5, linear = 1, "
+                         f"none = 0: {exponent_claim(ex)}{edge}.")
     elif np.isfinite(ex["exponent"]):
       sec.verdict.append(f"{kind}: the best lr grows as B^{num(ex['exponent'])} over "
                          f"{len(ex['batches'])} batches (no interval: {ex['seeds']} seed(s) per "
@@ -162,10 +176,51 @@ def learning_rate(study: st.Study, table: pd.DataFrame) -> Section:
   return sec
 
 
+def lr_per_b_title(kind: str, how: str) -> str:
+  """The title of the lr-per-B table: f"{kind}: lr per B (chosen: ...)". The design check
+  (sections/decision.py) finds it by "lr per B" and reads its `tried` and `at_edge` columns;
+  the unformatted values are in facts["lr_per_B"][kind] (lr_optima: B, tried, chosen,
+  at_edge, lr_star)."""
+  return (f"{kind}: lr per B (chosen: {how}; tried: the rates its scan tried; at_edge: the "
+          "chosen rate is the smallest or largest of them; lr*: the optimum of the median "
+          "refined between grid points, to which lr*(B) is fitted)")
+
+
+def exponent_claim(ex: dict) -> str:
+  """What the lr exponent's interval says of the none / sqrt / linear rules, no more strongly
+  than its coverage allows (questions.rules_out): it excludes the rules it misses only at
+  a coverage of at least questions.MIN_COVERAGE; below, it suggests and does not settle."""
+  admits = [name for name, a in RULES.items() if ex["lo"] <= a <= ex["hi"]]
+  misses = [name for name in RULES if name not in admits]
+  text = f"the interval admits {', '.join(admits) or 'none of them'}"
+  if not misses:
+    return text
+  cov = ex.get("coverage", math.nan)
+  if rules_out(cov):
+    return text + f" and excludes {', '.join(misses)}"
+  return text + (f"; it misses {', '.join(misses)}, but at {cov:.0%} coverage (below "
+                 f"{MIN_COVERAGE:.0%}) that only suggests they do not hold: which rule holds "
+                 "is not settled")
+
+
+def _warmup_note(kind: str, rows: pd.DataFrame) -> str:
+  """Whether leaving the critic's warm-up out of responses to target is fair within the kind:
+  it is when every configuration's warm-up is the same."""
+  warm = rows.warmup.fillna(0).astype(float)
+  if warm.nunique() == 1:
+    return (f"{kind}: responses to target leave out the critic's warm-up ({num(warm.iloc[0])} "
+            "responses, the same at every B and lr), so it moves no choice and no ratio within "
+            f"{kind}; a comparison with another kind counts it (responses and time to target "
+            "incl. warm-up).")
+  per = ", ".join(f"B = {b}: {num(w)}" for b, w in sorted(set(zip(rows.B, warm))))
+  return (f"{kind}: responses to target leave out the critic's warm-up, which differs between "
+          f"configurations ({per}): ratios within {kind} leave out different amounts.")
+
+
 def _fixed_cost(study: st.Study, table: pd.DataFrame, sec: Section) -> None:
-  """Per B: responses to target at the reference's lr over those at the batch's best lr."""
+  """Per B: responses to target at the reference's lr over those at the batch's chosen lr."""
   by = {(s.kind, s.name): s for s in study_series(study, table)}
-  for s in [s for s in by.values() if s.name in ("best lr", "best lr filtered")]:
+  for s in [s for s in by.values() if s.chosen]:
     fixed = [f for f in by.values() if f.kind == s.kind and f.name.startswith("fixed lr")
              and f.reference == s.reference]
     if not fixed:
@@ -183,15 +238,16 @@ def _fixed_cost(study: st.Study, table: pd.DataFrame, sec: Section) -> None:
     d = pd.DataFrame(rows)
     sec.facts.setdefault("fixed_cost", {})[s.kind] = d
     sec.tables.append((f"{s.kind}: what the reference's lr costs at other batches (responses "
-                       f"to target at {f.name} / at the best lr)",
-                       d.assign(ratio=[iv(q, "×") for q in d.ratio])))
+                       f"to target at {f.name} / at the {s.name})",
+                       d.rename(columns={"best": "chosen"}).assign(
+                           ratio=[iv(q, "×") for q in d.ratio])))
     finite = [r for r in rows if np.isfinite(r["ratio"].point)]
     never = [r for r in rows if not np.isfinite(r["ratio"].point)]
     text = f"{s.kind}: keeping the reference's lr ({f.name}) "
     if finite:
       worst = max(finite, key=lambda r: r["ratio"].point)
-      text += (f"costs up to {iv(worst['ratio'], '×')} the responses of the best lr (at B = "
-               f"{worst['B']})")
+      text += (f"costs up to {iv(worst['ratio'], '×')} the responses of the {s.name} (at "
+               f"B = {worst['B']})")
     if never:
       text += ("; " if finite else "") + "never reaches the target (median over seeds) at B = " \
           + ", ".join(str(r["B"]) for r in never)
@@ -207,7 +263,7 @@ def _lr_figure(kind: str, scan: pd.DataFrame, opt: pd.DataFrame, x: str) -> Figu
   panel = f"{kind}: best lr per B"
   parts.append(pd.DataFrame({"panel": panel, "series": "lr* (median optimum)", "x": ok.B,
                              "y": ok.lr_star, "style": "line"}))
-  parts.append(pd.DataFrame({"panel": panel, "series": "chosen (slowest seed)", "x": opt.B,
+  parts.append(pd.DataFrame({"panel": panel, "series": "chosen", "x": opt.B,
                              "y": opt.chosen, "style": "points"}))
   if len(ok):
     b = np.geomspace(ok.B.min(), ok.B.max(), 20)

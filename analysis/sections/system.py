@@ -14,6 +14,7 @@ from analysis import stats
 from analysis import study_table as st
 from analysis.report_md import num
 from analysis.runs import responses
+from analysis.sections.common import study_series
 from analysis.sections.types import Figure, Section
 
 _MODELS = {"actor": "actor/grad_norm", "critic": "critic/grad_norm"}
@@ -112,6 +113,7 @@ def actor_critic(study: st.Study, table: pd.DataFrame) -> Section:
   sec.facts["rows"] = rows
   sec.tables.append(("Signal and noise per model (95% intervals from the regression; the "
                      "exponent's from the log-log fit)", _show(rows)))
+  _clipping(study, table, sec)
   for r in rows:
     f, p = r["fit"], r["power"]
     fit = (f"B_simple from the 1/B fit = {num(f['b_simple'])}" if not f["reasons"] else
@@ -135,6 +137,46 @@ def actor_critic(study: st.Study, table: pd.DataFrame) -> Section:
              functools.partial(figures.lines, xlabel="B", ylabel="grad norm", logx=True,
                                logy=True))]
   return sec
+
+
+def clipping_rows(study: st.Study, table: pd.DataFrame) -> pd.DataFrame:
+  """Per series and B: the actor's gradient clip, its median grad norm before clipping and
+  the fraction of its optimizer steps clipped (median over seeds, up to the crossing:
+  study_table.clip_fraction)."""
+  out = []
+  for s in study_series(study, table):
+    for r in s.rows(table).itertuples():
+      out.append(dict(kind=s.kind, series=s.name, B=int(r.B), configuration=r.label,
+                      grad_clip=float(r.grad_clip) if pd.notna(r.grad_clip) else 0.0,
+                      grad_norm=r.grad_norm, clip_fraction=r.clip_fraction))
+  return pd.DataFrame(out)
+
+
+def _clipping(study: st.Study, table: pd.DataFrame, sec: Section) -> None:
+  """The clipping table beside the grad norms, and per series whether the clip acts alike at
+  every batch (study_table.clip_fraction_check)."""
+  if "clip_fraction" not in table:
+    return
+  d = clipping_rows(study, table)
+  if d.empty:
+    return
+  checks = []
+  for (kind, name), g in d.groupby(["kind", "series"], sort=False):
+    ok, why = st.clip_fraction_check(g)
+    checks.append(dict(kind=kind, series=name, passed=ok, text=why))
+    sec.text.append(f"Clipping, {kind} {name}: {why}.")
+  sec.facts["clipping"] = checks
+  sec.facts["clipping_rows"] = d
+  sec.tables.append((
+      "Gradient clipping per batch (the actor's optim.grad_clip, 0: off; its grad norm before "
+      "clipping, median over steps up to the crossing and over seeds; the fraction of its "
+      "optimizer steps whose norm exceeded the clip, median over seeds): a clip that acts at "
+      "some batches only changes the update rule with B",
+      pd.DataFrame({"kind": d.kind, "series": d.series, "B": d.B,
+                    "configuration": d.configuration, "clip": d.grad_clip.map(num),
+                    "grad norm": d.grad_norm.map(num),
+                    "steps clipped": [("off" if c <= 0 else "—" if pd.isna(f) else f"{f:.0%}")
+                                      for c, f in zip(d.grad_clip, d.clip_fraction)]})))
 
 
 def _show(rows: list[dict]) -> pd.DataFrame:
