@@ -1,8 +1,11 @@
 """Batch series: which configuration stands for each batch B when a question is asked of B.
 
 A series maps B to one configuration of one kind at its main G, with a reference at B0:
-- "best lr": at each B the learning rate a study chose for it (study.json), else the
-  configuration with the fewest median responses to target among those run at that B;
+- "chosen lr (RULE)": at each B the learning rate a study chose for it (study.json), named
+  after the rule it chose by (its `chosen` entry's `rule`; "chosen lr" when the entry has
+  none), else "chosen lr (on the verdict seeds)": the configuration with the fewest median
+  responses to target among those run at that B, on the seeds the verdict uses. It is not the
+  best rate: it is the rate that rule picked on a few seeds (its `chosen` attribute is set);
 - "fixed lr X": the configurations run at one lr X at B0 and at other batches (a fixed rate);
 - "<rule> from lr X": runs whose lr followed a scaling rule (sqrt, linear) from a base lr X.
 Only verdict configurations (stats over seeds no stage chose with) enter a series. Runs with
@@ -30,6 +33,7 @@ class Series:
   b0: int
   note: str = ""
   filtered: bool = False  # dynamic sampling on (the name ends in " filtered")
+  chosen: bool = False  # the chosen-lr series (a rate chosen per B), whatever its name
 
   def rows(self, table: pd.DataFrame) -> pd.DataFrame:
     """The series' rows of the configuration table, by B."""
@@ -37,9 +41,40 @@ class Series:
     return t.loc[[self.configs[b] for b in sorted(self.configs)]].reset_index()
 
 
-def chosen_lr(study: st.Study, kind: str) -> dict[int, float]:
+CHOSEN = "chosen lr"
+_LEGACY = "best lr"  # the chosen series' name before it was named after its rule
+
+
+def is_chosen(name: str) -> bool:
+  """Whether a series name (as in the invariance rows) is a chosen-lr series'."""
+  return name.startswith((CHOSEN, _LEGACY))
+
+
+def chosen_rule(study: st.Study, kind: str) -> str | None:
+  """How a study stage of `kind` chose its lr per B: its study.json entry's `rule` ("" when
+  the entry has none), None when no stage of `kind` chose one."""
+  runs = study.runs
+  for choice in study.record.get("chosen", {}).values():
+    stage_runs = runs[(runs.stage == choice.get("stage")) & (runs.problem == "")]
+    if not stage_runs.empty and set(stage_runs.kind) == {kind} and choice.get("per") == ["p"]:
+      return str(choice.get("rule") or "")
+  return None
+
+
+def chosen_name(rule: str | None) -> str:
+  """The chosen series' name: after the rule a study chose by, "chosen lr" when its record
+  says none, "chosen lr (on the verdict seeds)" when the report chose (rule None)."""
+  if rule is None:
+    return f"{CHOSEN} (on the verdict seeds)"
+  return f"{CHOSEN} ({rule})" if rule else CHOSEN
+
+
+RUNNER_UP = "runner-up lr"
+
+
+def chosen_lr(study: st.Study, kind: str, field: str = "values") -> dict[int, float]:
   """P -> the effective lr of the value a study stage of `kind` chose for it (study.json; its
-  runs' scaling rule applied), {} when none."""
+  runs' scaling rule applied), {} when none; field="runner_up": its runner-up's."""
   from rlscale.rl import optim
   runs = study.runs
   out = {}
@@ -47,7 +82,7 @@ def chosen_lr(study: st.Study, kind: str) -> dict[int, float]:
     stage_runs = runs[(runs.stage == choice.get("stage")) & (runs.problem == "")]
     if stage_runs.empty or set(stage_runs.kind) != {kind} or choice.get("per") != ["p"]:
       continue
-    for group, value in choice.get("values", {}).items():
+    for group, value in choice.get(field, {}).items():
       p = int(group.split("=", 1)[1])
       at_p = stage_runs[stage_runs.P == p]
       if at_p.empty:
@@ -67,7 +102,7 @@ def _reference(kind: str, name: str, configs: dict[int, str], b0: float) -> Seri
 
 
 def series(study: st.Study, table: pd.DataFrame) -> list[Series]:
-  """Every series of the study's verdict configurations, "best lr" first per kind, without
+  """Every series of the study's verdict configurations, the chosen lr first per kind, without
   dynamic sampling before with it."""
   out = []
   for kind in sorted(table.kind.unique()):
@@ -80,7 +115,8 @@ def series(study: st.Study, table: pd.DataFrame) -> list[Series]:
         continue
       d = d[d.num_minibatches == d.num_minibatches.mode().iloc[0]]
       b0 = float(d.B0.mode().iloc[0]) if d.B0.notna().any() else float(d.B.min())
-      ss = _best(study, kind, d, b0) + _fixed(kind, d, b0) + _rules(study, kind, d, b0)
+      ss = (_best(study, kind, d, b0) + _runner_up(study, kind, d, b0) + _fixed(kind, d, b0)
+            + _rules(study, kind, d, b0))
       for s in ss:
         s.name, s.filtered = (f"{s.name} filtered", True) if on else (s.name, False)
       out += ss
@@ -110,9 +146,28 @@ def _best(study: st.Study, kind: str, d: pd.DataFrame, b0: float) -> list[Series
     return []
   how = ("the study's choice per B (on seeds the verdict does not use)" if chosen else
          "the fewest median responses to target per B, chosen on the same seeds the verdict "
-         "uses: optimistic for the best lr, and what a fixed lr costs is overstated")
-  s = _reference(kind, "best lr", configs, b0)
+         "uses: optimistic for the chosen lr, and what a fixed lr costs is overstated")
+  s = _reference(kind, chosen_name(chosen_rule(study, kind) if chosen else None), configs, b0)
+  s.chosen = True
   s.note = "; ".join(filter(None, [f"lr: {how}", s.note]))
+  return [s]
+
+
+def _runner_up(study: st.Study, kind: str, d: pd.DataFrame, b0: float) -> list[Series]:
+  """Every B at the runner-up of the study's choice, where its verdict seeds ran it: the
+  verdict at the second-best rate, so that a break is not an artefact of which of two close
+  rates was chosen."""
+  second = chosen_lr(study, kind, "runner_up")
+  configs = {}
+  for b, at_b in d.groupby("B"):
+    p = int(at_b.P.iloc[0])
+    hit = at_b[[_close(lr, second[p]) for lr in at_b.lr]] if p in second else at_b.iloc[:0]
+    if len(hit):
+      configs[int(b)] = hit.config.iloc[0]
+  if len(configs) < 2 or b0 not in configs:
+    return []
+  s = _reference(kind, RUNNER_UP, configs, b0)
+  s.note = "lr: the runner-up of the study's choice per B (the same rule, second)"
   return [s]
 
 

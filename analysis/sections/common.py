@@ -13,13 +13,14 @@ from analysis import study_table as st
 
 
 def ratio(study: st.Study, config: str, ref: str, column: str = "responses_to_target",
-          target: float | None = None) -> stats.Interval:
-  """median(config) / median(ref) of `column` over their verdict seeds, with its interval."""
+          target: float | None = None, level: float = stats.LEVEL) -> stats.Interval:
+  """median(config) / median(ref) of `column` over their verdict seeds, with its interval
+  (two-sided at `level`: 0.9 gives one-sided 95% bounds)."""
   a = st.seed_values(study, config, column, target)
   b = st.seed_values(study, ref, column, target)
   if not (a.size and b.size) or (np.isinf(a).all() and np.isinf(b).all()):
     return stats.Interval(math.nan, n=0)
-  return stats.ratio_interval(a, b, reps=study.opts.reps, seed=study.opts.seed)
+  return stats.ratio_interval(a, b, level=level, reps=study.opts.reps, seed=study.opts.seed)
 
 
 def reference_config(study: st.Study, table: pd.DataFrame, kind: str) -> str | None:

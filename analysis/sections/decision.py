@@ -13,16 +13,27 @@ import math
 import numpy as np
 import pandas as pd
 
+from analysis import bracket as br
+from analysis import curve_test as ct
 from analysis import figures
+from analysis import series as se
 from analysis import stats
 from analysis import study_table as st
 from analysis.report_md import iv, num
 from analysis.sections.common import ratio, reference_config, study_series
 from analysis.sections.types import Figure, Section
+from rlscale.sweep import power
+
+
+MIN_VERDICT_SEEDS = 10  # per batch: what a ratio of 1.5 needs to settle at the study's spread
 
 
 def _ttt(r) -> str:
   return iv(r.ttt_iv, " s", r.final)
+
+
+def _ttt_incl(r) -> str:
+  return iv(r.ttt_incl_iv, " s", r.final)
 
 
 def decision(study: st.Study, table: pd.DataFrame) -> Section:
@@ -31,27 +42,34 @@ def decision(study: st.Study, table: pd.DataFrame) -> Section:
     sec.skipped = "no finished run to compare."
     return sec
   refs = {k: reference_config(study, table, k) for k in table.kind.unique()}
-  ratios = [ratio(study, r.config, refs[r.kind], "time_to_target") if r.config != refs[r.kind]
-            else stats.Interval(1.0, n=r.n_seeds) for r in table.itertuples()]
+  ratios = [ratio(study, r.config, refs[r.kind], "time_to_target_incl_warmup")
+            if r.config != refs[r.kind] else stats.Interval(1.0, n=r.n_seeds)
+            for r in table.itertuples()]
   table = table.assign(ttt_ratio_iv=ratios)
+  warm = table.warmup.fillna(0).gt(0).any()
+  x = st.x_label(study)
   show = pd.DataFrame({
       "configuration": table.label, "seeds": table.n_seeds,
       "B (prompts)": table.B_prompts, "effective B": table.effective_B.map(effective),
-      f"{st.x_label(study)} to target": [iv(r.rtt_iv, final=r.final)
-                                          for r in table.itertuples()],
+      f"{x} to target": [iv(r.rtt_incl_iv, final=r.final) for r in table.itertuples()],
       "steps to target": [iv(r.steps_iv) for r in table.itertuples()],
-      "time to target": [_ttt(r) for r in table.itertuples()],
+      "time to target": [_ttt_incl(r) for r in table.itertuples()],
       "time vs ref": [iv(r.ttt_ratio_iv, "×") for r in table.itertuples()],
       "responses/s": table.throughput, "final": [iv(r.final_iv) for r in table.itertuples()]})
   if (table.tuning_seeds > 0).any():
     show["seeds"] = [f"{r.n_seeds} (tuning)" if r.tuning_seeds else str(r.n_seeds)
                      for r in table.itertuples()]
-  if table.warmup.fillna(0).gt(0).any():
+  if warm:
     show.insert(2, "critic warm-up", table.warmup)
+    show.insert(5, f"{x} to target after the warm-up",
+                [iv(r.rtt_iv, final=r.final) for r in table.itertuples()])
   sec.tables.append(("Per configuration (median over seeds [interval] (seeds, coverage of "
-                     "the interval); time ratios to the kind's reference; effective B: "
-                     "informative responses per optimizer step up to the crossing, median over "
-                     "seeds)", show))
+                     "the interval); responses and time to target count a PPO critic's "
+                     "warm-up, in which the actor does not train" + (
+                         " (the column after the warm-up leaves it out)" if warm else "")
+                     + "; time ratios to the kind's reference; effective B: informative "
+                     "responses per optimizer step up to the crossing, median over seeds)",
+                     show))
   sec.verdict.append(_fastest(study, table, refs))
   sec.text.append("References: " + "; ".join(f"{k}: {table[table.config == c].label.iloc[0]}"
                                              for k, c in refs.items() if c) + ".")
@@ -70,27 +88,30 @@ def effective(v) -> str:
 
 
 def _fastest(study: st.Study, table: pd.DataFrame, refs: dict) -> str:
-  """The configuration with the least median time to target, against the runner-up (and the
-  reference, when it is neither): 'not different' when their intervals overlap."""
-  reached = table[np.isfinite(table.ttt) & (table.tuning_seeds == 0)]
+  """The configuration with the least median time to target (a PPO critic's warm-up counted),
+  against the runner-up (and the reference, when it is neither): 'not different' when their
+  intervals overlap."""
+  reached = table[np.isfinite(table.ttt_incl) & (table.tuning_seeds == 0)]
   if reached.empty:
     best = table.loc[table.final.idxmax()]
     return (f"**No configuration reached the target** {num(study.target)} of "
             f"`{study.metric}` with verdict seeds (best final {num(best.final)}, {best.label}).")
-  order = reached.sort_values("ttt")
+  order = reached.sort_values("ttt_incl")
   r = order.iloc[0]
-  text = f"**Fastest to {num(study.target)}**: {r.label}: {_ttt(r)}"
+  col = "time_to_target_incl_warmup"
+  text = f"**Fastest to {num(study.target)}**: {r.label}: {_ttt_incl(r)}"
   if len(order) > 1:
     second = order.iloc[1]
-    q = ratio(study, second.config, r.config, "time_to_target")
-    same = stats.overlaps(r.ttt_iv, second.ttt_iv)
+    q = ratio(study, second.config, r.config, col)
+    same = stats.overlaps(r.ttt_incl_iv, second.ttt_incl_iv)
     text += (f"; the next, {second.label}, takes {iv(q, '×')} its time"
              + (" (not different: their intervals overlap)" if same else ""))
   ref = refs.get(r.kind)
   if ref and ref not in (r.config, order.iloc[min(1, len(order) - 1)].config):
-    q = ratio(study, r.config, ref, "time_to_target")
+    q = ratio(study, r.config, ref, col)
     text += f"; {iv(q, '×')} the time of the reference"
-  return text + f". {len(reached)} of {len(table)} configurations reached it."
+  warm = " (a PPO critic's warm-up counted)" if table.warmup.fillna(0).gt(0).any() else ""
+  return text + f"{warm}. {len(reached)} of {len(table)} configurations reached it."
 
 
 def _heatmap(table: pd.DataFrame) -> Figure | None:
@@ -114,37 +135,49 @@ def _heatmap(table: pd.DataFrame) -> Figure | None:
 
 
 def invariance_rows(study: st.Study, table: pd.DataFrame, tolerance: float, band: float,
-                    target: float | None = None) -> pd.DataFrame:
-  """Per series and B: the responses-to-target ratio to the series' reference (interval), how
-  far the curve falls below the reference's, steps to target, and the one-sided test: a batch
-  is invariant when its ratio is at most 1 + tolerance and its curve is not below the
-  reference's by more than `band` (a faster or higher curve is not a break)."""
+                    target: float | None = None, curves: bool = True) -> pd.DataFrame:
+  """Per series and B: the responses-to-target ratio to the series' reference (95% interval,
+  and one-sided 95% bounds), the curve test against the reference's seeds
+  (analysis/curve_test.py, at the bracket's level), steps to target, and whether the batch is
+  settled invariant or settled broken (analysis/bracket.py); `invariant` is the point
+  estimate's test (ratio at most 1 + tolerance and no curve break), kept for the
+  sensitivity table. `curves=False` skips the curve test (a sensitivity sweep)."""
   out = []
   for s in study_series(study, table):
-    ref_curve = st.config_curve(study, s.reference)
+    ref_seeds = ct.seed_curves(study, s.reference) if curves else []
     ref_e = st.seed_values(study, s.reference, target=target)
     reached = bool(ref_e.size) and np.isfinite(np.median(ref_e))
     for b in sorted(s.configs):
       c = s.configs[b]
       row = table[table.config == c].iloc[0]
-      if c == s.reference:
-        q = stats.Interval(1.0, n=int(row.n_seeds))
+      is_ref = c == s.reference
+      if is_ref:
+        q = one = stats.Interval(1.0, n=int(row.n_seeds))
       elif reached:
         q = ratio(study, c, s.reference, target=target)
+        one = ratio(study, c, s.reference, target=target, level=0.9)
       else:  # no ratio to a reference that never got there (x / inf would read as 0)
-        q = stats.Interval(math.nan, n=int(row.n_seeds))
-      short = st.curve_shortfall(st.config_curve(study, c), ref_curve) if c != s.reference \
-          else 0.0
+        q = one = stats.Interval(math.nan, n=int(row.n_seeds))
+      test = (ct.curve_test(ct.seed_curves(study, c), ref_seeds, band, br.CURVE_LEVEL,
+                            seed=study.opts.seed) if curves and not is_ref else None)
+      short = test.shortfall if test is not None else 0.0
+      rejects = bool(test is not None and test.rejected)
       steps = st.seed_values(study, c, "steps_to_target", target)
       steps_med = float(np.median(steps)) if steps.size else math.nan
       within = bool(np.isfinite(q.point) and q.point <= 1 + tolerance)
+      batch = br.Batch(int(b), one.lo if one.has_bounds else math.nan,
+                       one.hi if one.has_bounds else math.nan, rejects, is_ref)
       out.append(dict(kind=s.kind, series=s.name, B=int(b), B_eff=float(row.effective_B),
                       config=c, label=row.label,
-                      seeds=int(row.n_seeds), is_reference=c == s.reference, ratio=q,
+                      seeds=int(row.n_seeds), is_reference=is_ref, ratio=q, one_sided=one,
                       reference_reached=reached,
                       ratio_within=within, shortfall=short,
-                      curve_within=bool(not short > band), steps=steps_med,
-                      invariant=(within and not short > band) or c == s.reference))
+                      curve_p=test.p_value if test is not None else math.nan,
+                      curve_within=not rejects,
+                      settled_invariant=br.settled_invariant(batch, tolerance),
+                      settled_broken=br.settled_broken(batch, tolerance),
+                      steps=steps_med,
+                      invariant=(within and not rejects) or is_ref))
   return pd.DataFrame(out)
 
 
@@ -164,12 +197,75 @@ def largest_invariant(rows: pd.DataFrame, by: str = "B") -> tuple:
 
 
 def _sure(r, tolerance: float) -> str:
-  """Whether the ratio's interval settles the test: 'yes' when it lies wholly on one side of
-  1 + tolerance, 'no' when it straddles it (more seeds would be needed to say)."""
-  q = r.ratio
-  if r.is_reference or not q.has_bounds:
+  """'invariant' or 'broken' when the batch is settled so (analysis/bracket.py), 'no' when
+  neither (more seeds would be needed to say), '—' for the reference."""
+  if r.is_reference:
     return "—"
-  return "yes" if (q.hi <= 1 + tolerance or q.lo > 1 + tolerance) else "no"
+  return "invariant" if r.settled_invariant else "broken" if r.settled_broken else "no"
+
+
+def _batches(g: pd.DataFrame) -> list[br.Batch]:
+  return [br.Batch(int(r.B), r.one_sided.lo if r.one_sided.has_bounds else math.nan,
+                   r.one_sided.hi if r.one_sided.has_bounds else math.nan,
+                   not r.curve_within, bool(r.is_reference)) for r in g.itertuples()]
+
+
+def series_bracket(study: st.Study, g: pd.DataFrame, reps: int = 1000) -> dict:
+  """A series' bracket (X, Y), how often each answer comes back under seed resampling, and the
+  power calculation at its seeds and measured spread."""
+  o = study.opts
+  x, y = br.bracket(_batches(g), o.tolerance)
+  values = {int(r.B): st.seed_values(study, r.config) for r in g.itertuples()}
+  ref = int(g[g.is_reference].B.iloc[0])
+  freq = br.resampled({b: v for b, v in values.items() if v.size}, ref, o.tolerance,
+                      {int(r.B): not r.curve_within for r in g.itertuples()}, reps=reps,
+                      seed=o.seed)
+  sigma, dof = power.pooled_spread(values.values())
+  n = int(g[~g.is_reference].seeds.min()) if (~g.is_reference).any() else int(g.seeds.min())
+  m = int(g[g.is_reference].seeds.iloc[0])
+  lines = br.power_lines(sigma, n, m, o.tolerance) if dof and sigma > 0 else None
+  return dict(x=x, y=y, freq=freq, reps=reps, sigma=sigma, dof=dof, n=n, m=m, power=lines,
+              text=br.describe(x, y, list(values)))
+
+
+def _over_both_rates(rows: pd.DataFrame, tolerance: float) -> str | None:
+  """The bracket over a kind's chosen and runner-up series together: the verdict does not rest
+  on which of two close rates was chosen. None without both series."""
+  chosen = rows[[se.is_chosen(n) and not n.endswith(" filtered") for n in rows.series]]
+  second = rows[rows.series == se.RUNNER_UP]
+  if chosen.empty or second.empty:
+    return None
+  a, b = chosen.set_index("B"), second.set_index("B")
+  batches = []
+  for bb in sorted(set(a.index) & set(b.index)):
+    ra, rb = a.loc[bb], b.loc[bb]
+    ref = bool(ra.is_reference and rb.is_reference)
+    inv = ref or bool(ra.settled_invariant or rb.settled_invariant)
+    broken = not ref and bool(ra.settled_broken and rb.settled_broken)
+    # A Batch whose bounds encode the joint decision (settled_* read only these).
+    batches.append(br.Batch(int(bb), 2 + tolerance if broken else 0.0,
+                            0.0 if inv else 2 + tolerance, False, ref))
+  if not any(x.is_reference for x in batches):
+    return None
+  x, y = br.bracket(batches, tolerance)
+  return br.describe(x, y, [x_.B for x_ in batches])
+
+
+def _bracket_text(kind: str, name: str, b: dict, tolerance: float) -> str:
+  freq = ", ".join(f"({x}, {'none' if y is None else y}) {100 * c / b['reps']:.0f}%"
+                   for (x, y), c in b["freq"].most_common(4))
+  text = (f"{kind}, {name}: **{b['text']}** (each batch settled by the one-sided 95% bounds of "
+          f"its ratio against 1 + {tolerance:g} and the curve test at "
+          f"{100 * br.CURVE_LEVEL:g}%; {b['n']} seeds a batch, {b['m']} at the reference). "
+          f"Under seed resampling ({b['reps']} draws), (invariant up to, broken from): {freq}.")
+  p = b["power"]
+  if p is None:
+    return text + " No seed spread measured: no power calculation."
+  return text + (f" Power: the seed-to-seed spread of log responses to target is "
+                 f"{b['sigma']:.2f} ({b['dof']} degrees of freedom); at these seeds a true "
+                 f"ratio of 1.5 settles as broken with probability {p['p_broken_1.5']:.2f}, "
+                 f"a true 1.0 as invariant with {p['p_invariant_1.0']:.2f}; 80% would take "
+                 f"{p['seeds_broken_1.5']} and {p['seeds_invariant_1.0']} seeds a side.")
 
 
 def invariance(study: st.Study, table: pd.DataFrame) -> Section:
@@ -182,49 +278,49 @@ def invariance(study: st.Study, table: pd.DataFrame) -> Section:
   for s in study_series(study, table):
     sec.text.append(f"Series {s.kind} {s.name}: B = {', '.join(map(str, sorted(s.configs)))}, "
                     f"reference B = {s.b0}" + (f" ({s.note})" if s.note else "") + ".")
+  brackets = {}
   for (kind, name), g in rows.groupby(["kind", "series"], sort=False):
     ref = g[g.is_reference].iloc[0]
-    down, up = largest_invariant(g)
     ref_rtt = table[table.config == ref.config].rtt.iloc[0]
     short = g[g.steps < o.min_steps]
-    note = (f"; B = {', '.join(map(str, short.B))} reached it in fewer than {o.min_steps} "
-            "optimizer steps (a transient more than gradient noise)" if len(short) else "")
+    note = (f" B = {', '.join(map(str, short.B))} reached it in fewer than {o.min_steps} "
+            "optimizer steps (a transient more than gradient noise)." if len(short) else "")
     if math.isinf(ref_rtt):
-      sec.verdict.append(f"{kind}, {name}: largest invariant B undetermined (the reference "
-                         f"B={ref.B} never reached the target).")
+      sec.verdict.append(f"{kind}, {name}: no bracket (the reference B={ref.B} never reached "
+                         "the target in the median).")
       continue
-    last = g[g.B > up].head(1)
-    broke = ""
-    if len(last):
-      b = last.iloc[0]
-      why = [] if b.ratio_within else [f"it needs {iv(b.ratio, '×')} the reference's responses"]
-      if not b.curve_within:
-        why.append(f"its curve falls {num(b.shortfall)} below the reference's")
-      broke = f"; at B={b.B} {' and '.join(why)}"
-    inside = g[(g.B >= down) & (g.B <= up) & ~g.is_reference]
-    unsettled = [r.B for r in inside.itertuples() if _sure(r, o.tolerance) == "no"]
-    if len(last) and _sure(last.iloc[0], o.tolerance) == "no" and last.iloc[0].curve_within:
-      unsettled.append(int(last.iloc[0].B))
-    hedge = (f"; not settled at B = {', '.join(map(str, unsettled))}: the ratio's interval "
-             f"reaches across 1 + {o.tolerance:g}, more seeds would decide it"
-             if unsettled else "")
-    sec.verdict.append(f"{kind}, {name}: **largest invariant B = {up}** responses per optimizer "
-                       f"step (invariant from B={down} to B={up}; reference B={ref.B}, "
-                       f"tolerance {o.tolerance:g}, band {o.band:g}){broke}{hedge}{note}.")
+    b = brackets[(kind, name)] = series_bracket(study, g)
+    sec.verdict.append(_bracket_text(kind, name, b, o.tolerance) + note)
     eff = _effective_verdict(g)
-    (sec.verdict if eff.startswith("against") else sec.text).append(f"{kind}, {name}, {eff}")
+    sec.text.append(f"{kind}, {name}, {eff}")
   sec.text.insert(0, f"Every count of responses here is of {st.x_label(study)} (--x {o.x}).")
-  sec.facts["rows"] = rows
-  sec.tables.append(("Responses-to-target ratio and curve shortfall per batch (ratio: median "
-                     "over seeds [interval] (seeds, coverage); settled: the interval lies on "
-                     "one side of 1 + tolerance; effective B: informative responses per "
-                     "optimizer step up to the crossing, median over seeds)",
+  sec.text.insert(1, "A batch is *settled invariant* when the one-sided 95% upper bound of its "
+                  f"responses-to-target ratio lies at or below 1 + {o.tolerance:g} and the curve "
+                  "test does not find its curve below the reference's; *settled broken* when "
+                  "the lower bound lies above it or the curve test rejects; otherwise not "
+                  "settled. Invariant up to X: every batch from the reference to X is settled "
+                  "invariant; broken from Y: Y and every larger batch are settled broken. The "
+                  "bracket's false-break rate on truly invariant batches is at most "
+                  f"{100 * br.false_break_rate([8, 16, 32, 64, 128, 256], 16, 10, 0.28):.1f}% "
+                  "(simulated at 10 seeds, spread 0.28, B = 8 ... 256: analysis/bracket.py).")
+  for kind in rows.kind.unique():
+    both = _over_both_rates(rows[rows.kind == kind], o.tolerance)
+    if both:
+      sec.verdict.append(f"{kind}, over the chosen rate and its runner-up (invariant where "
+                         f"either rate is settled invariant, broken where both are settled "
+                         f"broken): **{both}**.")
+  sec.facts["rows"], sec.facts["brackets"] = rows, brackets
+  sec.tables.append(("Responses-to-target ratio and curve test per batch (ratio: median over "
+                     "seeds [95% interval] (seeds, coverage); one-sided: the 95% bounds the "
+                     "verdict reads; curve p: the permutation test's p-value, and the largest "
+                     "gap below the reference's median curve; settled: invariant / broken / no)",
                      _show_rows(rows, o.tolerance)))
   sens = sensitivity(study, table)
   if not sens.empty:
     sec.facts["sensitivity"] = sens
-    sec.tables.append(("Sensitivity: the largest invariant B of each series per tolerance, "
-                       "band and target", sens))
+    sec.tables.append(("Sensitivity: where the point estimates alone would put the largest "
+                       "invariant B, per tolerance, band and target (no intervals: how much the "
+                       "thresholds move it, not a verdict)", sens))
   sec.figures += [_curves_figure(study, rows), _ratio_figure(rows, o.tolerance, o.x)]
   return sec
 
@@ -251,35 +347,35 @@ def _show_rows(rows: pd.DataFrame, tolerance: float) -> pd.DataFrame:
       "kind": rows.kind, "series": rows.series, "B": rows.B,
       "effective B": rows.B_eff.map(effective), "configuration": rows.label,
       "ratio": [iv(q, "×") for q in rows.ratio],
-      "shortfall": rows.shortfall, "steps": rows.steps,
+      "one-sided": [f"[{num(q.lo)}, {num(q.hi)}]" if q.has_bounds else "—"
+                    for q in rows.one_sided],
+      "curve p": rows.curve_p, "shortfall": rows.shortfall, "steps": rows.steps,
       "settled": [_sure(r, tolerance) for r in rows.itertuples()],
       "invariant": ["reference" if r.is_reference else ("yes" if r.invariant else "no")
                     for r in rows.itertuples()]})
 
 
 def sensitivity(study: st.Study, table: pd.DataFrame, tolerances=(0.1, 0.2, 0.3),
-                bands=(0.03, 0.05, 0.08), delta: float = 0.05) -> pd.DataFrame:
-  """The largest invariant B per series for each tolerance, band and target (the study's and
-  `delta` either side): how much the verdict depends on the thresholds."""
+                delta: float = 0.05) -> pd.DataFrame:
+  """Where the point estimates alone put the largest invariant B, per series, for each
+  tolerance and target (the study's and `delta` either side): how much the thresholds move
+  it. Ratios only (the curve test is the verdict's, at the study's target)."""
   targets = [round(study.target + d, 4) for d in (-delta, 0.0, delta)]
   out = []
   for t in targets:
     for tol in tolerances:
-      rows = invariance_rows(study, table, tol, max(bands), target=t)
-      for band in bands:
-        r = rows.assign(invariant=[(x.ratio_within and not x.shortfall > band)
-                                   or x.is_reference for x in rows.itertuples()])
-        for (kind, name), g in r.groupby(["kind", "series"], sort=False):
-          reached = bool(g.reference_reached.iloc[0])
-          out.append({"kind": kind, "series": name, "target": t, "tolerance": tol,
-                      "band": band, "largest invariant B":
-                      largest_invariant(g)[1] if reached else "undetermined"})
+      rows = invariance_rows(study, table, tol, study.opts.band, target=t, curves=False)
+      for (kind, name), g in rows.groupby(["kind", "series"], sort=False):
+        reached = bool(g.reference_reached.iloc[0])
+        out.append({"kind": kind, "series": name, "target": t, "tolerance": tol,
+                    "largest invariant B": largest_invariant(g)[1] if reached
+                    else "undetermined"})
   if not out:
     return pd.DataFrame()
   d = pd.DataFrame(out)
-  return d.pivot_table(index=["kind", "series", "target", "tolerance"], columns="band",
+  return d.pivot_table(index=["kind", "series", "target"], columns="tolerance",
                        values="largest invariant B", aggfunc="first").reset_index().rename(
-                           columns={b: f"band {b:g}" for b in bands})
+                           columns={t: f"tolerance {t:g}" for t in tolerances})
 
 
 def _curves_figure(study: st.Study, rows: pd.DataFrame) -> Figure:
@@ -322,18 +418,30 @@ def _ratio_figure(rows: pd.DataFrame, tolerance: float, x: str) -> Figure:
 
 
 def design(study: st.Study, table: pd.DataFrame, done: dict | None = None) -> Section:
-  """Whether the study measures what it claims to (what a study needs to answer its questions), each a
-  line that says pass or fail with its number: the target well below the plateau, the largest
-  batch of each series at least `min_steps` optimizer steps from it, references that do not
-  collapse, enough verdict seeds, learning rates inside their scans."""
+  """Whether the study measures what it claims to, each a line that says pass or fail with its
+  number; every check can fail (tests/unit/analysis/test_design_checks.py):
+  - the target is set before the scan, from the reference batch at the starting rate, well
+    above the base (2 x band) and below what the reference's verdict seeds reach (a band);
+  - every verdict seed of a series reaches the target (no censored run behind an interval);
+  - the reference's seeds all reach it and none falls more than the band below after;
+  - the largest batch of each series reaches it in at least `min_steps` optimizer steps (a
+    batch that never reaches it fails: no steps to count);
+  - enough verdict seeds per batch (10);
+  - every chosen rate inside its scan (the learning-rate section's "lr per B" tables);
+  - gradient clipping the same at every batch compared (study_table.clip_fraction_check)."""
   sec = Section("Does the study measure gradient noise?", lead=True)
   o, rows = study.opts, []
   t = study.record.get("target") or {}
-  if t.get("plateau") is not None:
-    gap = t["plateau"] - study.target
-    rows.append(("target below the plateau", gap >= 2 * o.band,
-                 f"target {num(study.target)}, base {num(t['base'])}, plateau (best median "
-                 f"final of stage {t['stage']}) {num(t['plateau'])}: {num(gap)} below it "
+  runs = study.verdict_runs()
+  if t.get("base") is not None:
+    rows.append(("target set before the rates were scanned", t.get("stage") == "target"
+                 or bool(t.get("before_scan")),
+                 f"from stage {t.get('stage')!r} ("
+                 + ("the reference batch at the starting rate" if t.get("stage") == "target"
+                    else "a stage that chose among its own runs") + ")"))
+    gain = study.target - t["base"]
+    rows.append(("target well above the base", gain >= 2 * o.band,
+                 f"target {num(study.target)}, base {num(t['base'])}: {num(gain)} above it "
                  f"(needed: 2 × band = {num(2 * o.band)})"))
   inv = (done or {}).get("invariance")
   inv_rows = inv.facts.get("rows") if inv else None
@@ -342,30 +450,46 @@ def design(study: st.Study, table: pd.DataFrame, done: dict | None = None) -> Se
     for (kind, name), g in inv_rows.groupby(["kind", "series"], sort=False):
       top = g.sort_values("B").iloc[-1]
       rows.append((f"{kind} {name}: the largest batch is not a transient",
-                   bool(top.steps >= o.min_steps),
+                   bool(np.isfinite(top.steps) and top.steps >= o.min_steps),
                    f"B = {top.B} reaches the target in {num(top.steps)} optimizer steps (median "
-                   f"over seeds; needed ≥ {o.min_steps})"))
-      ref = g[g.is_reference].iloc[0]
+                   f"over seeds; needed ≥ {o.min_steps})" if np.isfinite(top.steps) else
+                   f"B = {top.B} does not reach the target in the median: no steps to count"))
+      in_series = runs[runs.config.isin(g.config)]
+      lost = in_series[~np.isfinite(in_series.responses_to_target.astype(float))]
+      rows.append((f"{kind} {name}: every verdict seed reaches the target", lost.empty,
+                   f"{len(in_series) - len(lost)} of {len(in_series)} runs reached it"
+                   + (f"; not: {', '.join(sorted(set(lost.label)))}" if len(lost) else "")))
       fewest = int(g.seeds.min())
-      need = 5 if kind == "grpo" else 3
-      rows.append((f"{kind} {name}: seeds", fewest >= need,
-                   f"at least {fewest} verdict seeds per batch (needed: {need})"))
+      rows.append((f"{kind} {name}: seeds", fewest >= MIN_VERDICT_SEEDS,
+                   f"at least {fewest} verdict seeds per batch (needed: {MIN_VERDICT_SEEDS})"))
+      clip = getattr(st, "clip_fraction_check", None)
+      if clip is not None:
+        ok, why = clip(table[table.config.isin(g.config)])
+        rows.append((f"{kind} {name}: gradient clipping the same at every batch", ok, why))
+      ref = g[g.is_reference].iloc[0]
       if ref.config in checked:
         continue
       checked.add(ref.config)
-      drops = study.verdict_runs()
-      drops = drops[drops.config == ref.config].drop_after_target
+      mine = runs[runs.config == ref.config]
+      drops = mine.drop_after_target
       worst = float(np.nanmax(drops)) if drops.notna().any() else math.nan
-      rows.append((f"{kind}: the reference B={ref.B} does not collapse",
-                   bool(not worst > o.band),
-                   f"its seeds fall at most {num(worst)} below the target after reaching it "
-                   f"(allowed: the band, {num(o.band)})"))
+      missed = int((~np.isfinite(mine.responses_to_target.astype(float))).sum())
+      rows.append((f"{kind}: the reference B={ref.B} reaches the target and does not collapse",
+                   bool(missed == 0 and not worst > o.band),
+                   f"{len(mine) - missed} of {len(mine)} seeds reach it; they fall at most "
+                   f"{num(worst)} below it after (allowed: the band, {num(o.band)})"))
+      finals = mine.final.astype(float).dropna()
+      if len(finals) and t.get("base") is not None:
+        head = float(np.median(finals)) - study.target
+        rows.append((f"{kind}: the target below what the reference reaches", head >= o.band,
+                     f"the reference's median final {num(float(np.median(finals)))} is "
+                     f"{num(head)} above the target (needed: the band, {num(o.band)})"))
   lr = (done or {}).get("learning_rate")
   for title, df in (lr.tables if lr else []):
-    if "best lr per B" in title:
+    if "lr per B" in title and {"at_edge", "tried"} <= set(df.columns):
       kind = title.split(":")[0]
       edges = df[df.at_edge & (df.tried > 1)]
-      rows.append((f"{kind}: every best lr inside its scan", edges.empty,
+      rows.append((f"{kind}: every chosen lr inside its scan", edges.empty,
                    "the chosen rate is never the smallest or largest tried" if edges.empty else
                    f"at the edge at B = {', '.join(map(str, edges.B))}"))
   if not rows:

@@ -27,7 +27,7 @@ def targets_of(study: st.Study, delta: float = 0.05) -> list[float]:
 
 
 def _primary(study: st.Study, table: pd.DataFrame):
-  """The series the fit is made on: the first kind's best lr series (GRPO's when present),
+  """The series the fit is made on: the first kind's chosen-lr series (GRPO's when present),
   else its first series."""
   ss = study_series(study, table)
   if not ss:
@@ -35,7 +35,7 @@ def _primary(study: st.Study, table: pd.DataFrame):
   kinds = [s.kind for s in ss]
   kind = "grpo" if "grpo" in kinds else kinds[0]
   mine = [s for s in ss if s.kind == kind]
-  return next((s for s in mine if s.name == "best lr"), mine[0])  # unfiltered first
+  return next((s for s in mine if s.chosen and not s.filtered), mine[0])
 
 
 def b_simple_values(study: st.Study, configs: list[str]) -> tuple[np.ndarray, np.ndarray, str]:
@@ -257,7 +257,7 @@ def _sigmoid_row(study: st.Study, b: int, config: str, label: str, panel: str):
 
 def compute_curves(study: st.Study, table: pd.DataFrame) -> Section:
   sec = Section("Compute–performance curves")
-  ss = [s for s in study_series(study, table) if s.name in ("best lr", "best lr filtered")] or \
+  ss = [s for s in study_series(study, table) if s.chosen] or \
       study_series(study, table)[:1]
   if table.empty or not ss:
     sec.skipped = "no batch series."

@@ -212,8 +212,7 @@ def runner_up(table: list[dict[str, Any]], key: str) -> Any:
   return ranked[min(1, len(ranked) - 1)][key]
 
 
-RULE = ("the stable rate nearest the minimum of a parabola through log median responses to "
-        "target vs log lr (else the fewest median responses)")
+RULE = "median over the scan's seeds, parabola in log lr"  # the module docstring in full
 
 
 def stage_results(sweep_dir: str, metric: str | None = None,
@@ -504,7 +503,8 @@ class StudyRunner:
     seeds = sorted({r["overrides"].get("seed") for r in results} - {None})
     entry = {"stage": stage.name, "per": list(stage.per), "values": values,
              "runner_up": second, "tables": tables, "band": stage.band,
-             "rule": f"{RULE} ({len(seeds)} seeds)", "key": stage.choose,
+             "rule": RULE.replace("the scan's seeds", f"{len(seeds)} scan seeds"),
+             "key": stage.choose,
              "target": {"metric": metric, "value": value}}
     if not stage.per:
       entry["value"] = values[""]

@@ -60,13 +60,14 @@ def test_failed_and_unfinished_runs_are_listed(fake):
   assert "1 malformed line(s) skipped" in md
 
 
-def test_largest_invariant_batch_per_series(fake):
+def test_the_bracket_per_series(fake):
   _, md = fake
-  found = {(k, s): int(b) for k, s, b in re.findall(
-      r"(\w+), ([\w. ]+): \*\*largest invariant B = (\d+)\*\*", md)}
-  assert {k: found[k] for k in fake_study.LARGEST_INVARIANT} == fake_study.LARGEST_INVARIANT
-  assert found[("grpo", "fixed lr 0.0001")] in (16, 32)
-  assert "Sensitivity: the largest invariant B" in md
+  found = {(k, s.split(" (")[0]): (int(x), int(y) if y else None) for k, s, x, y in re.findall(
+      r"- (\w+), ([\w. ,()-]+?): \*\*invariant up to B = (\d+)(?:, broken from B = (\d+))?", md)}
+  assert {k: found[k] for k in fake_study.BRACKET} == fake_study.BRACKET, found
+  assert found[("grpo", "fixed lr 0.0001")][0] in (16, 32)
+  assert "Under seed resampling" in md and "Power: the seed-to-seed spread" in md
+  assert "Sensitivity: where the point estimates alone" in md
 
 
 def test_every_interval_carries_its_seeds_and_coverage(fake):
@@ -180,10 +181,10 @@ def test_a_collapsing_reference_seed_moves_no_verdict_and_is_flagged(tmp_path):
   assert ref.n_seeds == 5 and np.isfinite(ref.rtt_iv.hi) and np.isfinite(ref.rtt)
   done = {"invariance": report_sections.invariance(study, table)}
   rows = done["invariance"].facts["rows"]
-  best = rows[rows.series == "best lr"]
+  best = rows[rows.series == "chosen lr"]
   assert report_sections.largest_invariant(best) == (8, 32)
   checks = {name: ok for name, ok, _ in report_sections.design(study, table, done).facts["checks"]}
-  assert checks["grpo: the reference B=16 does not collapse"] is False
+  assert checks["grpo: the reference B=16 reaches the target and does not collapse"] is False
 
 
 def test_a_fixed_lr_series_needs_three_batches():
@@ -211,25 +212,27 @@ def test_timing_seen_says_sublinear_only_when_the_interval_is_below_one():
   assert q._timing_seen({}) == ""
 
 
-def test_a_break_only_the_median_curve_shows_is_not_settled():
-  """The seed's range claim is *not reproduced* only when a ratio's interval lies above
-  1 + tolerance; a median curve a hair below the band (no interval) with a ratio whose interval
-  reaches across the line leaves it *not settled* (the committed study's B = 32)."""
+def test_the_range_claim_reads_the_bracket():
+  """The seed's range claim (invariant over 16x) is *reproduced* only when the bracket settles
+  invariance over 16x from the reference, *not reproduced* when a batch within 16x is settled
+  broken, and *not settled* otherwise, with the seeds a settled answer would take."""
   import types
   from analysis.sections import decision as report_sections
   from analysis.sections import questions as q
-  from analysis import stats
 
-  def rows(lo, hi):
-    return pd.DataFrame([
-        dict(kind="grpo", series="best lr", B=16, is_reference=True, invariant=True,
-             ratio=stats.Interval(1.0), curve_within=True, shortfall=0.0, steps=90.0),
-        dict(kind="grpo", series="best lr", B=32, is_reference=False, invariant=False,
-             ratio=stats.Interval(1.25, lo, hi, 5, 0.97, "bootstrap"), curve_within=False,
-             shortfall=0.054, steps=56.0)])
+  rows = pd.DataFrame([dict(kind="grpo", series="chosen lr", B=b, is_reference=b == 16)
+                       for b in (8, 16, 32, 64, 128, 256)])
   sec = report_sections.Section("invariance")
+  sec.facts["rows"] = rows
   study = types.SimpleNamespace(opts=types.SimpleNamespace(tolerance=0.2))
-  sec.facts["rows"] = rows(0.0, 2.09)
-  assert q.q_range(study, {"invariance": sec})["mark"] == "not settled"
-  sec.facts["rows"] = rows(1.3, 2.09)
-  assert q.q_range(study, {"invariance": sec})["mark"] == "not reproduced"
+
+  def mark(x, y):
+    sec.facts["brackets"] = {("grpo", "chosen lr"): dict(
+        x=x, y=y, text=f"invariant up to B = {x}", sigma=0.28, n=10,
+        power={"seeds_invariant_1.0": 31})}
+    return q.q_range(study, {"invariance": sec})
+
+  assert mark(256, None)["mark"] == "reproduced"
+  assert mark(16, 64)["mark"] == "not reproduced"
+  out = mark(32, None)
+  assert out["mark"] == "not settled" and "31 seeds a side" in out["why"]

@@ -146,7 +146,7 @@ def test_dynamic_sampling_on_and_off_are_separate_configurations_and_series(tmp_
                       "--fit_reps", "10"]) == 0
   md = open(os.path.join(out, "report.md")).read()
   assert "**Sample axis** (--x trained)" in md and "responses trained to target" in md
-  assert "grpo, fixed lr 0.0001 filtered: **largest invariant B = " in md
+  assert "grpo, fixed lr 0.0001 filtered: **invariant up to B = " in md
   for name in ("runs.csv", "configurations.csv", "2_curves_vs_responses.csv"):
     assert set(pd.read_csv(os.path.join(out, name)).sample_axis) == {"trained"}, name
 
