@@ -219,6 +219,18 @@ def eval_curve(run: Run, metric: str, x: str = GENERATED) -> tuple[np.ndarray, n
   return xs, np.array([pts[v] for v in xs])
 
 
+def eval_rows(run: Run, metric: str, xs: np.ndarray, x: str = GENERATED) -> np.ndarray | None:
+  """The problems each evaluation at `xs` scored (eval/rows: fewer than the whole set when it
+  was evaluated in stages), None when a run did not log them (the whole set every time)."""
+  got = {}
+  for r in run.rows:
+    at = runs_lib.responses(r, x)
+    if isinstance(r.get(metric), (int, float)) and at is not None:
+      got[float(at)] = r.get("eval/rows")
+  n = [got.get(float(v)) for v in xs]
+  return None if any(not isinstance(v, (int, float)) for v in n) else np.asarray(n, float)
+
+
 def warmup_steps(run: Run) -> int:
   """Steps in which a PPO actor did not train while its critic warmed up (0 for the others)."""
   critic = run.config.get("critic")
@@ -653,9 +665,8 @@ def _add_outcomes(study: Study):
       cols[f"trace_{unit}"].append(tr * per if not math.isnan(tr) else math.nan)
     # How far the curve fell below the target after an evaluation first reached it (a
     # collapse after the crossing, which keeps its crossing).
-    hit = np.flatnonzero(y >= t) if ok else np.zeros(0, int)
-    cols["drop_after_target"].append(float(max(0.0, t - y[hit[0]:].min())) if hit.size
-                                     else math.nan)
+    drop = crossing.drop_after(y, t, eval_rows(run, m, x, ax)) if ok else None
+    cols["drop_after_target"].append(math.nan if drop is None else drop)
   for k, v in cols.items():
     runs[k] = v
   # A crossing inside a bracket wider than a quarter of itself rests on the curve's shape

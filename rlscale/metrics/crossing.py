@@ -90,3 +90,42 @@ def run_crossing(rows: list[dict], metric: str, target: float, offset: float = 0
     return math.inf
   xs = sorted(pts)
   return first_crossing(xs, [pts[k] for k in xs], target) - offset
+
+
+def drop_after(y, target: float, rows=None, z: float = 2.0) -> float | None:
+  """How far a run fell below `target` after its first evaluation at or above it, beyond what
+  the evaluations' own sampling noise explains: the largest target - (v + z x se) over the
+  later evaluations, se = sqrt(v (1 - v) / rows) of an accuracy scored on `rows` problems
+  (None: exact). Evaluation in stages scores only its first stage once a run has reached its
+  target (125 problems: se 0.045), and the lowest of twenty such evaluations lies ~0.09 below
+  the curve by chance alone; a collapse lies below it by far more. 0 when nothing falls below,
+  None when the target was never reached."""
+  y = np.asarray(y, dtype=float).ravel()
+  hit = np.flatnonzero(y >= target)
+  if not hit.size:
+    return None
+  after = y[hit[0]:]
+  if rows is None:
+    se = np.zeros_like(after)
+  else:
+    n = np.asarray(rows, dtype=float).ravel()[hit[0]:]
+    se = np.sqrt(np.clip(after * (1 - after), 0, None) / np.where(n > 0, n, np.inf))
+  return float(max(0.0, np.max(target - (after + z * se))))
+
+
+def settled_final(y, rows=None) -> float | None:
+  """The run's final level: the rows-weighted mean of its last evaluations, back until they
+  score as many problems as its largest evaluation did (the last one alone when it scored the
+  whole set); None without evaluations."""
+  y = np.asarray(y, dtype=float).ravel()
+  if not y.size:
+    return None
+  if rows is None:
+    return float(y[-1])
+  n = np.asarray(rows, dtype=float).ravel()
+  full, total, acc = n.max(), 0.0, 0.0
+  for v, k in zip(y[::-1], n[::-1]):
+    total, acc = total + k, acc + v * k
+    if total >= full:
+      break
+  return float(acc / total)

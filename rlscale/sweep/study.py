@@ -218,7 +218,9 @@ RULE = "median over the scan's seeds, parabola in log lr"  # the module docstrin
 def stage_results(sweep_dir: str, metric: str | None = None,
                   target: float | None = None) -> list[dict[str, Any]]:
   """The done points of a stage: overrides, responses to `target` of `metric` (default: each
-  run's config target) by the first crossing, the base and final values of the metric."""
+  run's config target) by the first crossing, the base and final values of the metric (the
+  final one over its last evaluations' rows: crossing.settled_final) and how far it fell below
+  the target after reaching it beyond its evaluations' noise (crossing.drop_after)."""
   from rlscale.sweep import manifest as mf
   m = mf.load(sweep_dir)
   out = []
@@ -232,13 +234,17 @@ def stage_results(sweep_dir: str, metric: str | None = None,
     name = metric or t.get("metric")
     value = target if target is not None else t.get("value")
     rows = read_rows(e.run_dir)
-    evals = [r[name] for r in rows if isinstance(r.get(name), (int, float))]
+    scored = [r for r in rows if isinstance(r.get(name), (int, float))]
+    evals = [r[name] for r in scored]
+    counts = ([r["eval/rows"] for r in scored] if scored and all(
+        isinstance(r.get("eval/rows"), (int, float)) for r in scored) else None)
     rtt = crossing.run_crossing(rows, name, value) if name and value is not None else math.inf
-    hit = next((i for i, v in enumerate(evals) if value is not None and v >= value), None)
     out.append({"name": e.name, "overrides": e.overrides, "metric": name,
                 "responses_to_target": None if math.isinf(rtt) else rtt,
-                "base": evals[0] if evals else None, "final": evals[-1] if evals else None,
-                "drop": max(0.0, value - min(evals[hit:])) if hit is not None else None})
+                "base": evals[0] if evals else None,
+                "final": crossing.settled_final(evals, counts) if evals else None,
+                "drop": (crossing.drop_after(evals, value, counts)
+                         if value is not None and evals else None)})
   return out
 
 
