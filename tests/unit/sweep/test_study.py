@@ -84,11 +84,12 @@ def test_the_chosen_value_reaches_the_next_stage(tmp_path):
   assert r.returncode == 0, r.stdout + r.stderr
   with open(tmp_path / "st" / "study.json") as f:
     record = json.load(f)
-  assert record["chosen"]["lr"]["value"] == 1.0  # lr=2 has a seed that never got there
-  assert record["stages"]["after"]["config"].endswith("fake_sweep_config.py:lr=1.0")
+  assert record["chosen"]["lr"]["value"] == 2.0  # fewer median responses than lr=1
+  assert record["chosen"]["lr"]["runner_up"][""] == 1.0
+  assert record["stages"]["after"]["config"].endswith("fake_sweep_config.py:lr=2.0")
   for seed in (0, 1):
     with open(tmp_path / "st" / "after" / f"seed={seed}" / "summary.json") as f:
-      assert json.load(f)["config"].endswith(":lr=1.0")
+      assert json.load(f)["config"].endswith(":lr=2.0")
   runs = [d for d in os.listdir(tmp_path / "st" / "lr") if d.startswith("lr=")]
   assert len(runs) == 6
   again = study_cli(tmp_path, "--noreport")  # nothing left to run: the same choice
@@ -96,7 +97,7 @@ def test_the_chosen_value_reaches_the_next_stage(tmp_path):
   for d in runs:  # no run started twice
     assert open(tmp_path / "st" / "lr" / d / "starts.txt").read().count("start") == 1
   with open(tmp_path / "st" / "study.json") as f:
-    assert json.load(f)["chosen"]["lr"]["value"] == 1.0
+    assert json.load(f)["chosen"]["lr"]["value"] == 2.0
 
 
 def test_dry_run_lists_stages_and_runs_nothing(tmp_path):
