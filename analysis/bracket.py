@@ -73,15 +73,24 @@ def bracket(batches: list[Batch], tolerance: float) -> tuple[int, int | None]:
   return order[up].B, y
 
 
-def describe(x: int, y: int | None, batches: list[int]) -> str:
-  """The bracket in words, over the series' batches `batches`."""
+def describe(x: int, y: int | None, batches: list[int], broken=()) -> str:
+  """The bracket in words, over the series' batches `batches` (`broken`: those settled broken,
+  to tell them apart from the unsettled ones between X and Y)."""
   bs = sorted(batches)
   text = f"invariant up to B = {x}"
   if y is None:
-    return text + f"; no batch up to B = {bs[-1]} settled broken"
-  between = [b for b in bs if x < b < y]
-  return text + f", broken from B = {y}" + (
-      f"; not settled at B = {', '.join(map(str, between))}" if between else "")
+    text += f"; no batch up to B = {bs[-1]} settled broken with every larger one"
+    between = [b for b in bs if b > x]
+  else:
+    text += f", broken from B = {y}"
+    between = [b for b in bs if x < b < y]
+  gone = [b for b in between if b in set(broken)]
+  open_ = [b for b in between if b not in set(broken)]
+  if gone:
+    text += f"; settled broken also at B = {', '.join(map(str, gone))}"
+  if open_:
+    text += f"; not settled at B = {', '.join(map(str, open_))}"
+  return text
 
 
 def log_bounds(values: np.ndarray, ref: np.ndarray) -> tuple[float, float]:

@@ -145,11 +145,14 @@ def _definitions(study) -> list[str]:
       "of responses per step / (time/step − time/eval − time/checkpoint)); for a run with "
       "dynamic sampling, whose steps vary in responses, its steps to the crossing × the median "
       "net seconds of a step.",
-      f"- **Invariant** B (one-sided): it needs at most (1 + {o.tolerance:g})× the reference's "
-      f"responses to target and its median curve is nowhere more than {o.band:g} below the "
-      "reference's at equal responses (a faster or higher curve is not a break); the "
-      "largest invariant B is the largest reached from B0 through invariant batches only. "
-      "The sensitivity table varies tolerance, band and target.",
+      f"- **Settled invariant** B (one-sided): the one-sided 95% upper bound of its "
+      f"responses-to-target ratio to the reference lies at or below 1 + {o.tolerance:g} and "
+      f"the curve test (a seed-permutation test of its median curve's largest gap below the "
+      f"reference's, a break only beyond {o.band:g}) does not reject it; **settled broken**: "
+      "the lower bound lies above 1 + tolerance, or the curve test rejects; a faster or higher "
+      "curve is never a break. **Invariant up to X, broken from Y**: every B from B0 to X "
+      "settled invariant; Y and every larger B settled broken. The sensitivity table varies "
+      "tolerance and target for the point estimates alone.",
   ] + [f"- **Learning rate**: {n}." for n in study.lr_notes]
 
 

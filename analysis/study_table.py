@@ -219,6 +219,18 @@ def eval_curve(run: Run, metric: str, x: str = GENERATED) -> tuple[np.ndarray, n
   return xs, np.array([pts[v] for v in xs])
 
 
+def lanes_of(run: Run) -> int:
+  """Runs side by side in the run's process (launch/sweep.py --vectorize=lanes), 1 alone."""
+  lanes = run.summary.get("lanes") if isinstance(run.summary, dict) else None
+  return int(lanes.get("count", 1) or 1) if isinstance(lanes, dict) else 1
+
+
+def chips_of(run: Run) -> int:
+  """The devices a run had: its process's, shared out between its lanes."""
+  devices = int(run.summary.get("devices", 1) or 1) if isinstance(run.summary, dict) else 1
+  return max(1, devices // lanes_of(run))
+
+
 def eval_rows(run: Run, metric: str, xs: np.ndarray, x: str = GENERATED) -> np.ndarray | None:
   """The problems each evaluation at `xs` scored (eval/rows: fewer than the whole set when it
   was evaluated in stages), None when a run did not log them (the whole set every time)."""
@@ -500,7 +512,7 @@ def _row(point: Point, run: Run | None, warnings: list[str], tuning: set[str]
              B_prompts=plan.batch_prompts, num_minibatches=plan.main.num_minibatches,
              lr=float(f"{lr:.4g}"), lr_rule=optim_cfg.get("lr_scaling", "none"),
              lr_base=optim_cfg.get("lr"), B0=optim_cfg.get("reference_batch"),
-             chips=int(run.summary.get("devices", 1) or 1), n_rows=len(run.rows),
+             chips=chips_of(run), lanes=lanes_of(run), n_rows=len(run.rows),
              responses_seen=run.rows[-1].get("responses_seen", 0) if run.rows else 0,
              total_responses=plan.total_responses, warmup=warmup_responses(run))
   if not problem and not run.summary:

@@ -76,6 +76,12 @@ def decision(study: st.Study, table: pd.DataFrame) -> Section:
   if (table.tuning_seeds > 0).any():
     sec.text.append("Rows marked (tuning) were run only by a learning-rate scan: their seeds "
                     "chose the rate, so they are shown but no verdict rests on them.")
+  lanes = sorted(set(study.verdict_runs().get("lanes", pd.Series([1])).dropna().astype(int)))
+  if lanes != [1]:
+    sec.text.append(f"Runs side by side: the verdict's runs shared a process with others ("
+                    f"{', '.join(map(str, lanes))} lanes per process), each lane's step timed as "
+                    "its group's: a time here is a lane's, comparable between configurations "
+                    "run with as many lanes, not a run alone's.")
   fig = _heatmap(table)
   if fig:
     sec.figures.append(fig)
@@ -224,8 +230,9 @@ def series_bracket(study: st.Study, g: pd.DataFrame, reps: int = 1000) -> dict:
   n = int(g[~g.is_reference].seeds.min()) if (~g.is_reference).any() else int(g.seeds.min())
   m = int(g[g.is_reference].seeds.iloc[0])
   lines = br.power_lines(sigma, n, m, o.tolerance) if dof and sigma > 0 else None
+  broken = [int(r.B) for r in g.itertuples() if r.settled_broken]
   return dict(x=x, y=y, freq=freq, reps=reps, sigma=sigma, dof=dof, n=n, m=m, power=lines,
-              text=br.describe(x, y, list(values)))
+              text=br.describe(x, y, list(values), broken))
 
 
 def _over_both_rates(rows: pd.DataFrame, tolerance: float) -> str | None:
@@ -248,7 +255,8 @@ def _over_both_rates(rows: pd.DataFrame, tolerance: float) -> str | None:
   if not any(x.is_reference for x in batches):
     return None
   x, y = br.bracket(batches, tolerance)
-  return br.describe(x, y, [x_.B for x_ in batches])
+  return br.describe(x, y, [x_.B for x_ in batches],
+                     [x_.B for x_ in batches if br.settled_broken(x_, tolerance)])
 
 
 def _bracket_text(kind: str, name: str, b: dict, tolerance: float) -> str:
@@ -351,8 +359,8 @@ def _show_rows(rows: pd.DataFrame, tolerance: float) -> pd.DataFrame:
                     for q in rows.one_sided],
       "curve p": rows.curve_p, "shortfall": rows.shortfall, "steps": rows.steps,
       "settled": [_sure(r, tolerance) for r in rows.itertuples()],
-      "invariant": ["reference" if r.is_reference else ("yes" if r.invariant else "no")
-                    for r in rows.itertuples()]})
+      "point estimate within": ["reference" if r.is_reference else (
+          "yes" if r.invariant else "no") for r in rows.itertuples()]})
 
 
 def sensitivity(study: st.Study, table: pd.DataFrame, tolerances=(0.1, 0.2, 0.3),
@@ -474,14 +482,16 @@ def design(study: st.Study, table: pd.DataFrame, done: dict | None = None) -> Se
       drops = mine.drop_after_target
       worst = float(np.nanmax(drops)) if drops.notna().any() else math.nan
       missed = int((~np.isfinite(mine.responses_to_target.astype(float))).sum())
-      rows.append((f"{kind}: the reference B={ref.B} reaches the target and does not collapse",
+      rows.append((f"{kind} {name}: the reference B={ref.B} reaches the target and does not "
+                   "collapse",
                    bool(missed == 0 and not worst > o.band),
                    f"{len(mine) - missed} of {len(mine)} seeds reach it; they fall at most "
                    f"{num(worst)} below it after (allowed: the band, {num(o.band)})"))
       finals = mine.final.astype(float).dropna()
       if len(finals) and t.get("base") is not None:
         head = float(np.median(finals)) - study.target
-        rows.append((f"{kind}: the target below what the reference reaches", head >= o.band,
+        rows.append((f"{kind} {name}: the target below what the reference reaches",
+                     head >= o.band,
                      f"the reference's median final {num(float(np.median(finals)))} is "
                      f"{num(head)} above the target (needed: the band, {num(o.band)})"))
   lr = (done or {}).get("learning_rate")

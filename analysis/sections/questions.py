@@ -93,9 +93,10 @@ def q_range(study: st.Study, done: dict) -> dict:
   p = b.get("power")
   more = (f"; at the measured spread {b['sigma']:.2f}, {p['seeds_invariant_1.0']} seeds a side "
           f"would settle a truly invariant batch at 80% ({b['n']} here)" if p else "")
+  span = (f"settled invariant up to {x // b0}× it" if x > b0 else
+          "no batch above it settled invariant")
   return dict(claim=claim, mark="not settled",
-              why=f"{text}: the range tried reaches {hi // b0}× the reference, settled "
-                  f"invariant over {x // b0}×" + more)
+              why=f"{text}: the range tried reaches {hi // b0}× the reference, {span}" + more)
 
 
 def q_fixed(study: st.Study, done: dict) -> dict:

@@ -157,16 +157,16 @@ def learning_rate(study: st.Study, table: pd.DataFrame) -> Section:
                            "at_edge": opt.at_edge, "lr*": opt.lr_star.map(num)})))
     ex = lr_exponent(study, scan)
     sec.facts.setdefault("exponent", {})[kind] = ex
-    edge = (f"; the best lr is at its scan's edge at B = {', '.join(map(str, edges.B))} (the "
+    edge = (f"; the chosen lr is at its scan's edge at B = {', '.join(map(str, edges.B))} (the "
             "optimum may lie beyond)" if len(edges) else "")
     if np.isfinite(ex["lo"]):
-      sec.verdict.append(f"{kind}: the best lr grows as B^{num(ex['exponent'])} "
+      sec.verdict.append(f"{kind}: the chosen lr grows as B^{num(ex['exponent'])} "
                          f"[{num(ex['lo'])}, {num(ex['hi'])}] over {len(ex['batches'])} batches "
                          f"({ex['seeds']}+ seeds per rate; the interval's coverage on simulated "
                          f"scans like this one: {ex['coverage']:.0%}); sqrt = 0.5, linear = 1, "
                          f"none = 0: {exponent_claim(ex)}{edge}.")
     elif np.isfinite(ex["exponent"]):
-      sec.verdict.append(f"{kind}: the best lr grows as B^{num(ex['exponent'])} over "
+      sec.verdict.append(f"{kind}: the chosen lr grows as B^{num(ex['exponent'])} over "
                          f"{len(ex['batches'])} batches (no interval: {ex['seeds']} seed(s) per "
                          f"rate){edge}.")
     sec.figures.append(_lr_figure(kind, scan, opt, study.opts.x))

@@ -18,6 +18,9 @@ def test_the_bracket_says_only_what_its_intervals_settle():
   assert br.bracket(bs, 0.2) == (32, 128)
   assert br.describe(32, 128, [b.B for b in bs]) == (
       "invariant up to B = 32, broken from B = 128; not settled at B = 64")
+  assert br.describe(16, 256, [8, 16, 32, 64, 128, 256], [32, 256]) == (
+      "invariant up to B = 16, broken from B = 256; settled broken also at B = 32; not settled "
+      "at B = 64, 128")
   # A walk on point estimates would stop at 64 (point 1.26): the bracket does not guess.
   # Y needs every larger batch broken too: a settled 128 with an unsettled 256 is no Y.
   bs[-1] = _b(256, 1.1, 3.0)

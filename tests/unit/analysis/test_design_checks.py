@@ -77,7 +77,7 @@ def test_a_reference_seed_that_never_arrives_fails_two_checks():
   runs.loc[(runs.config == "c16") & (runs.index % 10 == 3), "responses_to_target"] = np.inf
   study.verdict_runs = lambda: runs
   checks = _checks(study)
-  assert checks["grpo: the reference B=16 reaches the target and does not collapse"] is False
+  assert checks["grpo chosen lr: the reference B=16 reaches the target and does not collapse"] is False
   assert checks["grpo chosen lr: every verdict seed reaches the target"] is False
 
 
@@ -85,7 +85,7 @@ def test_a_target_the_reference_barely_reaches_fails():
   study = _study()
   runs = study.runs.assign(final=0.43)
   study.verdict_runs = lambda: runs
-  assert _checks(study)["grpo: the target below what the reference reaches"] is False
+  assert _checks(study)["grpo chosen lr: the target below what the reference reaches"] is False
 
 
 def test_a_collapsing_reference_fails():
@@ -94,4 +94,4 @@ def test_a_collapsing_reference_fails():
   runs.loc[runs.config == "c16", "drop_after_target"] = 0.2
   study.verdict_runs = lambda: runs
   assert _checks(study)[
-      "grpo: the reference B=16 reaches the target and does not collapse"] is False
+      "grpo chosen lr: the reference B=16 reaches the target and does not collapse"] is False

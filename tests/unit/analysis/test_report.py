@@ -86,7 +86,7 @@ def test_fits_recover_the_known_laws(fake):
   assert "seeds per batch 5/5/5/5/3" in md  # p=16 lost two seeds (failed, unfinished)
   # The best lr follows B^0.5 (the sqrt rule).
   lo, hi = (float(v) for v in re.search(
-      r"the best lr grows as B\^[\d.]+ \[([\d.]+), ([\d.]+)\]", md).groups())
+      r"the chosen lr grows as B\^[\d.]+ \[([\d.]+), ([\d.]+)\]", md).groups())
   assert lo <= fake_study.ALPHA <= hi and "admits sqrt" in md
   # A fixed lr at B = 128 costs 1 + 0.2 log2(2.83)^2 = 1.45x.
   assert _number(md, r"costs up to ([\d.]+)×") == pytest.approx(1.45, rel=0.15)
@@ -184,7 +184,7 @@ def test_a_collapsing_reference_seed_moves_no_verdict_and_is_flagged(tmp_path):
   best = rows[rows.series == "chosen lr"]
   assert report_sections.largest_invariant(best) == (8, 32)
   checks = {name: ok for name, ok, _ in report_sections.design(study, table, done).facts["checks"]}
-  assert checks["grpo: the reference B=16 reaches the target and does not collapse"] is False
+  assert checks["grpo chosen lr: the reference B=16 reaches the target and does not collapse"] is False
 
 
 def test_a_fixed_lr_series_needs_three_batches():
