@@ -121,6 +121,7 @@ def test_ratio_coverage_with_censoring_is_near_nominal(n):
     assert 0.93 <= c <= 0.99 and c == stats.ratio_coverage(n, n, censor=p), (n, p, c)
 
 
+@pytest.mark.slow(seconds=30)  # heavy for the default run (README); .ci/run runs it
 def test_the_coverage_label_is_simulated_with_the_datas_censoring():
   assert stats.ratio_interval(X5, R5, reps=300).coverage == stats.ratio_coverage(
       5, 5, censor=(0.0, 0.2))

@@ -169,6 +169,7 @@ def test_a_5_v_5_configuration_1_5x_slower_in_responses_breaks_in_about_half_the
   assert rate > 0.40, (rate, old)
 
 
+@pytest.mark.slow(seconds=40)  # heavy for the default run (README); .ci/run runs it
 @pytest.mark.parametrize("slower", [1.0, 1.5])
 def test_10_v_10_seeds_keep_the_false_break_rate_and_detect_1_5x_slower_in_most_draws(slower):
   """10 seeds a side, 400 draws (2,000 random splits + the observed one): identical

@@ -134,7 +134,7 @@ def test_a_real_tiny_sweep_says_the_target_was_not_reached(tmp_path):
   with open(os.path.join(d, "report", "report.md")) as f:
     md = f.read()
   assert "**No configuration reached the target**" in md
-  assert "undetermined (the reference" in md
+  assert "no bracket (the reference" in md
   assert md.count("| pending | pending |") == 10  # the points --only left out: listed
 
 
