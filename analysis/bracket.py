@@ -60,17 +60,25 @@ def settled_broken(b: Batch, tolerance: float) -> bool:
 
 def bracket(batches: list[Batch], tolerance: float) -> tuple[int, int | None]:
   """(X, Y): invariant up to X, broken from Y (None: no batch is, with every larger one)."""
-  order = sorted(batches, key=lambda b: b.B)
-  ref = next(i for i, b in enumerate(order) if b.is_reference)
+  return walk([(b.B, settled_invariant(b, tolerance), settled_broken(b, tolerance),
+                b.is_reference) for b in batches])
+
+
+def walk(flags: list[tuple[int, bool, bool, bool]]) -> tuple[int, int | None]:
+  """(X, Y) from per-batch decisions (B, settled invariant, settled broken, is the reference):
+  X the last B of the unbroken run of invariant batches above the reference, Y the first of
+  the run of broken batches that ends at the largest B."""
+  order = sorted(flags)
+  ref = next(i for i, f in enumerate(order) if f[3])
   up = ref
-  while up + 1 < len(order) and settled_invariant(order[up + 1], tolerance):
+  while up + 1 < len(order) and order[up + 1][1]:
     up += 1
   y = None
-  for b in reversed(order[ref + 1:]):
-    if not settled_broken(b, tolerance):
+  for b, _, broken, _ in reversed(order[ref + 1:]):
+    if not broken:
       break
-    y = b.B
-  return order[up].B, y
+    y = b
+  return order[up][0], y
 
 
 def describe(x: int, y: int | None, batches: list[int], broken=()) -> str:

@@ -243,20 +243,16 @@ def _over_both_rates(rows: pd.DataFrame, tolerance: float) -> str | None:
   if chosen.empty or second.empty:
     return None
   a, b = chosen.set_index("B"), second.set_index("B")
-  batches = []
+  flags = []
   for bb in sorted(set(a.index) & set(b.index)):
     ra, rb = a.loc[bb], b.loc[bb]
     ref = bool(ra.is_reference and rb.is_reference)
-    inv = ref or bool(ra.settled_invariant or rb.settled_invariant)
-    broken = not ref and bool(ra.settled_broken and rb.settled_broken)
-    # A Batch whose bounds encode the joint decision (settled_* read only these).
-    batches.append(br.Batch(int(bb), 2 + tolerance if broken else 0.0,
-                            0.0 if inv else 2 + tolerance, False, ref))
-  if not any(x.is_reference for x in batches):
+    flags.append((int(bb), ref or bool(ra.settled_invariant or rb.settled_invariant),
+                  not ref and bool(ra.settled_broken and rb.settled_broken), ref))
+  if not any(f[3] for f in flags):
     return None
-  x, y = br.bracket(batches, tolerance)
-  return br.describe(x, y, [x_.B for x_ in batches],
-                     [x_.B for x_ in batches if br.settled_broken(x_, tolerance)])
+  x, y = br.walk(flags)
+  return br.describe(x, y, [f[0] for f in flags], [f[0] for f in flags if f[2]])
 
 
 def _bracket_text(kind: str, name: str, b: dict, tolerance: float) -> str:
