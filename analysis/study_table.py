@@ -517,9 +517,16 @@ def _row(point: Point, run: Run | None, warnings: list[str], tuning: set[str]
              total_responses=plan.total_responses, warmup=warmup_responses(run))
   if not problem and not run.summary:
     problem = "unfinished (no summary.json)"
-  if not problem and row["responses_seen"] < plan.total_responses:
+  if not problem and row["responses_seen"] < plan.total_responses and not stopped_at_target(run):
     problem = f"unfinished ({row['responses_seen']} of {plan.total_responses} responses)"
   return dict(row, problem=problem)
+
+
+def stopped_at_target(run: Run) -> bool:
+  """A run that ended at its target (target.stop, past its margin): finished, not cut short."""
+  target = run.config.get("target", {})
+  return bool(target.get("stop") and run.summary
+              and run.summary.get("responses_to_target") is not None)
 
 
 def _progress(i: int, n: int, stream):

@@ -218,6 +218,8 @@ def _target(errors: list[str], cfg) -> None:
   else:
     number(errors, "target.value", t.value, "a finite number", lambda v: True)
   boolean(errors, "target.stop", t.stop)
+  number(errors, "target.stop_margin", t.stop_margin, ">= 0 (a fraction of the responses to "
+         "target)", lambda v: v >= 0)
 
 
 def _folders(errors: list[str], cfg) -> None:

@@ -194,6 +194,9 @@ def target(metric: str, value: float) -> ml_collections.ConfigDict:
   c.metric = metric  # an evaluation metric, e.g. eval/accuracy_greedy
   c.value = value  # the target is met at the first evaluation where metric >= value
   c.stop = False  # end the run there (after a checkpoint)
+  # With stop: go on to the first evaluation at or past (1 + stop_margin) x the responses to
+  # target, so that what follows the crossing (a collapse, the curve's shape) is still seen.
+  c.stop_margin = 0.0
   return c
 
 

@@ -35,11 +35,11 @@ class Stop:
   the whole set; it stops after the first stage whose `metric` (eval/accuracy_sampled, say)
   lies more than z standard errors (of a rate equal to `target`, on the rows scored) from
   `target`. `first_only`: the first stage alone (the run has reached its target: no later
-  evaluation can move its crossing)."""
+  evaluation can move its crossing); runs side by side give it per lane, each lane's own."""
   metric: str
   target: float
   z: float = 2.0
-  first_only: bool = False
+  first_only: bool | tuple[bool, ...] = False
 
 
 def is_settled(hits: float, rows: float, target: float, z: float) -> bool:
@@ -141,7 +141,12 @@ class Evaluator:
     sums = {n: np.zeros((lanes, 5)) for n in self.samplers}
     settled = [None] * lanes  # each lane's sums when its metric settled
     start = 0
-    stages = self.stages()[:1] if stop.first_only else self.stages()
+    first = (tuple(stop.first_only) if isinstance(stop.first_only, (tuple, list))
+             else (bool(stop.first_only),) * lanes)
+    if len(first) != lanes:
+      raise ValueError(f"an evaluation in stages of {lanes} lanes got first_only for "
+                       f"{len(first)}")
+    stages = self.stages()[:1] if all(first) else self.stages()
     for end in stages:
       active = [s is None for s in settled]  # a lane that settled decodes no further
       for n, sampler in self.samplers.items():
@@ -158,7 +163,7 @@ class Evaluator:
       start = end
       for lane in range(lanes):
         s = sums[name][lane]
-        if settled[lane] is None and (end == stages[-1] or
+        if settled[lane] is None and (end == stages[-1] or first[lane] or
                                       is_settled(s[0], s[4], stop.target, stop.z)):
           settled[lane] = {n: sums[n][lane].copy() for n in self.samplers}
       if all(x is not None for x in settled):

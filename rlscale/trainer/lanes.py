@@ -82,7 +82,6 @@ def errors(cfgs: list, workdirs: list[str]) -> list[str]:
       ("rollout.dynamic_sampling", lambda v: v is False, "False"),
       ("rl.ptx_coef", lambda v: not v, "0 (PPO-ptx's rows are not stacked)"),
       ("init.branch_from", lambda v: not v, "'' (branches are probed one by one)"),
-      ("target.stop", lambda v: v is False, "False (every lane runs every step)"),
       ("optim.lr_batch", lambda v: v == "nominal", "'nominal'"),
       ("eval.reference", lambda v: not v, "False")]
   for field, ok, allowed in checks:
@@ -171,6 +170,7 @@ class LaneRuns:
     self.views = [LaneView(self, k) for k in range(len(runs))]
     self._loaded: dict[int, Any] = {}
     self._steps: dict[int, _Step] = {}  # the steps a lane's loop still reads (two at most)
+    self.loops: list = []  # the lanes' loops (_build): their targets decide their evaluations
 
   def _fit_generation_batch(self, params) -> dict[str, Any] | None:
     """generation_batch='auto': the largest decode call that fits a device's memory shared
@@ -297,6 +297,9 @@ class LaneRuns:
   def evaluate(self, step: int, stop) -> list[dict[str, float]]:
     s = self._at(step)
     if s.evaluation is None:
+      if stop is not None:  # each lane's own: the first stage alone once it reached its target
+        stop = dataclasses.replace(stop, first_only=tuple(
+            "responses_to_target" in loop.counters for loop in self.loops))
       s.evaluation = self.evaluator(self.actor.params, self._eval_keys(step), stop)
       if self.cfg.eval.adaptive:
         for e in s.evaluation:
@@ -420,7 +423,9 @@ class LaneView:
 
 
 def run(runs: list[resolved.Resolved]) -> list[dict]:
-  """Train the runs side by side, each in its run directory; their summaries."""
+  """Train the runs side by side, each in its run directory; their summaries. A lane whose
+  run ends at its target (target.stop) writes its summary and policy there and is no longer
+  stepped (the stacked computation still carries it); the group ends with its last lane."""
   preemption.loop_started()
   shared, loops = _build(runs)
   start, restored = _restore(loops)
@@ -429,28 +434,46 @@ def run(runs: list[resolved.Resolved]) -> list[dict]:
       loop.ckpt.close()
     shared, loops = _build(runs)
   shared.load_all()
+  summaries: list[dict | None] = [None] * len(loops)
+
+  def end_stopped(pendings):  # a lane at its stop: its summary and policy of this step
+    for k, loop in enumerate(loops):
+      if summaries[k] is None and loop.stopped():
+        loop.flush(pendings[k])
+        loop.close()
+        summaries[k] = loop.trainer.finish(*loop.result())
+
   try:
     for loop in loops:
       loop.open(start)
     pendings: list[Pending | None] = [None] * len(loops)
+    end_stopped(pendings)  # restored at its stop
     for step in range(start + 1, shared.plan.num_steps + 1):
+      live = [k for k, s in enumerate(summaries) if s is None]
+      if not live:
+        break
       if preemption.requested():
-        saved = [loop.save_in_flight(p) for loop, p in zip(loops, pendings)]
+        saved = [loops[k].save_in_flight(pendings[k]) for k in live]
         raise preemption.Preempted(min(saved))
-      for k, loop in enumerate(loops):
-        pendings[k] = loop.step(step, pendings[k])
-    for loop, p in zip(loops, pendings):
-      loop.flush(p)
+      for k in live:
+        pendings[k] = loops[k].step(step, pendings[k])
+      end_stopped(pendings)
+    for k, s in enumerate(summaries):
+      if s is None:
+        loops[k].flush(pendings[k])
   finally:
-    for loop in loops:
-      loop.close()
-  return [loop.trainer.finish(*loop.result()) for loop in loops]
+    for k, loop in enumerate(loops):
+      if summaries[k] is None:
+        loop.close()
+  return [s if s is not None else loop.trainer.finish(*loop.result())
+          for s, loop in zip(summaries, loops)]
 
 
 def _build(runs: list[resolved.Resolved]) -> tuple[LaneRuns, list[Loop]]:
   shared = LaneRuns(runs)
-  return shared, [Loop(shared.view(k), r.cfg, r.workdir, shared.plan.num_steps,
+  shared.loops = [Loop(shared.view(k), r.cfg, r.workdir, shared.plan.num_steps,
                        eval_at_start=True) for k, r in enumerate(runs)]
+  return shared, shared.loops
 
 
 def _restore(loops: list[Loop]) -> tuple[int, bool]:

@@ -131,6 +131,7 @@ class Loop:
     # step -> the sample axis before and after it, for steps whose samples vary (dynamic
     # sampling generates more than P x G when it refills); evaluation marks fall between.
     self.seen: dict[int, tuple[int, int]] = {}
+    self.eval_seen = 0  # the sample axis at the last evaluation (target.stop_margin)
     self.writer: MetricsWriter | None = None
 
   # --- schedule ---
@@ -166,7 +167,13 @@ class Loop:
     return self._due(self.cfg.train.checkpoint_every, step) or self.stopped()
 
   def stopped(self) -> bool:
-    return bool(self.target and self.target.stop and "responses_to_target" in self.counters)
+    """target.stop: the run ends at its first evaluation at or past (1 + target.stop_margin)
+    x its responses to target (at the crossing itself with no margin), after a checkpoint."""
+    t, c = self.target, self.counters
+    if not (t and t.stop and "responses_to_target" in c):
+      return False
+    margin = float(t.stop_margin)
+    return not margin or self.eval_seen >= (1.0 + margin) * c["responses_to_target"]
 
   # --- the run ---
 
@@ -186,6 +193,7 @@ class Loop:
     if start:
       self.trainer.load(state, meta.pop("trainer", {}))
       self.last_eval = meta.pop("last_eval", {})  # a finished run's summary keeps its evaluation
+      self.eval_seen = meta.pop("eval_seen", 0)  # older checkpoints: the next evaluation's
       self.metrics_rows = meta.pop("metrics", None)  # metrics.jsonl up to this step
       missing = [k for k in self.trainer.counters if k not in meta]
       for k in self.trainer.counters:
@@ -299,6 +307,7 @@ class Loop:
     if self.eval_due(p.step):
       t = time.time()
       self.last_eval = self._evaluate(p.step)
+      self.eval_seen = self.trainer.counters[self.trainer.sample_key]
       p.phases["eval"] = time.time() - t
       out.update(self.last_eval)
       self.counters["wall_time"] = time.time() - self.t_run
@@ -328,6 +337,7 @@ class Loop:
       raise NonFiniteError(f"step {step}: the state to save holds NaN or Inf in {len(bad)} "
                            f"arrays ({', '.join(bad[:5])}); stopping. {self._intact()}")
     meta = {**self.counters, **self.trainer.counters, "trainer": self.trainer.meta(),
+            "eval_seen": self.eval_seen,
             "last_eval": {k: float(v) for k, v in self.last_eval.items()}}
     # The metrics rows are written once the step's row is; a checkpoint carries them all.
     self.ckpt.save(step, self.trainer.state(), meta | {"metrics": self.writer.packed()})

@@ -193,3 +193,47 @@ def test_configs_that_cannot_run_side_by_side_are_refused_in_one_line(tmp_path):
     train.main_lanes(cfgs[:1], dirs[:1])
   with pytest.raises(ConfigError, match=r"put \{seed\} in it"):
     train.lane_configs(cfg, [0, 1], workdir=str(tmp_path / "one"))
+
+
+@pytest.mark.slow(seconds=60)
+def test_each_lane_stops_at_its_own_target(side_by_side, tmp_path, tiny_sft_base):
+  """target.stop with a margin: each lane ends at its first evaluation at or past 1.5 x its own
+  responses to target, its rows those of the unbroken group up to there, its policy that
+  step's; the group ends with its last lane. The target is read off the unbroken group's
+  evaluations so that the two seeds reach it at different evaluations where any value does."""
+  root, alone, side = side_by_side
+  runs = [side["grpo.py", s] for s in (0, 1)]
+  evals = [[(r["step"], r["responses_seen"], r) for r in rows if any(k.startswith("eval/")
+                                                                       for k in r)]
+           for rows in runs]
+
+  def stop_step(ev, metric, value):
+    hit = next((seen for _, seen, r in ev if r[metric] >= value), None)
+    if hit is None:
+      return None
+    return next((step for step, seen, _ in ev if seen >= 1.5 * hit), None)
+
+  def candidates(metric):
+    start = max(ev[0][2][metric] for ev in evals)  # above where both start: a crossing to make
+    return [(metric, v) for v in sorted({r[metric] for ev in evals for _, _, r in ev})
+            if v > start]
+
+  # the sampled evaluations differ by seed, the greedy ones once the weights do
+  pairs = [c for m in ("eval/reward_sampled", "eval/reward_greedy", "eval/accuracy_sampled")
+           for c in candidates(m)] or [("eval/reward_greedy", 1.0)]
+  metric, value = max(pairs, key=lambda mv: len({stop_step(ev, *mv) for ev in evals}))
+  want = [10 if stop_step(ev, metric, value) is None else stop_step(ev, metric, value)
+          for ev in evals]
+  assert len(set(want)) == 2, (metric, value, want)  # the lanes stop apart
+  p = _run(["--seeds=0,1", f"--workdir={tmp_path}/seed={{seed}}",
+            f"--config.init.cache_dir={tiny_sft_base}", f"--config.target.metric={metric}",
+            f"--config.target.value={value}", "--config.target.stop=True",
+            "--config.target.stop_margin=0.5"], root, steps=10)
+  assert p.returncode == 0, p.stderr[-3000:]
+  for seed, rows, end in zip((0, 1), runs, want):
+    got = _rows(tmp_path / f"seed={seed}" / "metrics.jsonl")
+    assert [r["step"] for r in got] == list(range(end + 1)), (seed, value, want)
+    assert [_numbers(r) for r in got] == [_numbers(r) for r in rows[:end + 1]], seed
+    with open(tmp_path / f"seed={seed}" / "summary.json") as f:
+      summary = json.load(f)
+    assert summary["step"] == end

@@ -93,7 +93,7 @@ class FakeTrainer:
     return {"loss": float(row["fake/loss"]), "acc": last_eval.get("eval/acc")}
 
 
-def _cfg(target=None, stop=False, **train):
+def _cfg(target=None, stop=False, margin=0.0, **train):
   c = ml_collections.ConfigDict()
   c.seed = 7
   c.train = common.run(num_steps=0)
@@ -102,7 +102,7 @@ def _cfg(target=None, stop=False, **train):
   c.train.update(train)
   if target is not None:
     c.target = common.target("eval/acc", target)
-    c.target.stop = stop
+    c.target.stop, c.target.stop_margin = stop, margin
   return c
 
 
@@ -277,6 +277,22 @@ def test_target_with_stop_ends_the_run_after_a_checkpoint_of_that_step(tmp_path)
   t2 = FakeTrainer()  # a restart of a stopped run does nothing more
   counters2, _ = _run(tmp_path, t2, 8, eval_every=2, target=0.5, stop=True)
   assert t2.calls == [] and counters2["step"] == 6 and counters2["responses_to_target"] == 18
+
+
+def test_a_stop_margin_runs_on_to_the_first_evaluation_past_it_and_a_restart_stays_stopped(
+    tmp_path):
+  t = FakeTrainer()
+  # crossed at the evaluation of step 6 (18 responses); 1.5 x 18 = 27 responses is step 9,
+  # not evaluated: the run ends at the evaluation of step 10, after its checkpoint
+  counters, last_eval = _run(tmp_path, t, 14, eval_every=2, target=0.5, stop=True, margin=0.5)
+  assert counters["responses_to_target"] == 18 and counters["step"] == 10
+  assert last_eval == {"eval/acc": 1.0} and _called(t, "begin") == list(range(1, 11))
+  assert _called(t, "evaluate") == [2, 4, 6, 8, 10]
+  step, (state, meta) = _latest(tmp_path)
+  assert step == 10 and meta["eval_seen"] == 30
+  t2 = FakeTrainer()
+  counters2, _ = _run(tmp_path, t2, 14, eval_every=2, target=0.5, stop=True, margin=0.5)
+  assert t2.calls == [] and counters2["step"] == 10
 
 
 def test_a_starting_policy_that_meets_the_target_reaches_it_at_zero_responses(tmp_path):

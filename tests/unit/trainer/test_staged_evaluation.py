@@ -9,6 +9,8 @@ equivalent (the responses over which the curve climbs the band of 0.05), in the 
 95% of runs.
 """
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -93,6 +95,28 @@ def test_runs_side_by_side_stop_each_lane_where_it_would_alone(setup):
                Stop("eval/accuracy_sampled", 0.5, z=1e9)):  # never: the whole set
     got = side(lanes.broadcast(params), stacked, stop)
     assert got == [alone(params, k, stop) for k in keys]
+
+
+def test_side_by_side_each_lane_has_its_own_first_only(setup):
+  """A lane past its target scores the first stage alone; one beside it that has not reached
+  it is scored in stages as it would be alone (lanes no longer share lane 0's state)."""
+  task, mesh, graphdef, params, ev = setup
+  lanes = lanes_lib.Lanes(2)
+  side = Evaluator(task, graphdef, mesh, sharding.rules_from_config(None), max_new_tokens=4,
+                   generation_batch=GB, sampled=True, greedy=False, lanes=lanes)
+  alone = Evaluator(task, graphdef, mesh, sharding.rules_from_config(None), max_new_tokens=4,
+                    generation_batch=GB, sampled=True, greedy=False)
+  keys = [jax.random.key(5), jax.random.key(6)]
+  stacked = lanes.map(jax.random.wrap_key_data, (True,))(
+      lanes.stack([jax.random.key_data(k) for k in keys]))
+  never = Stop("eval/accuracy_sampled", 0.5, z=1e9)
+  got = side(lanes.broadcast(params), stacked,
+             dataclasses.replace(never, first_only=(True, False)))
+  assert got[0]["eval/rows"] == GB and got[1]["eval/rows"] == NUM_EVAL
+  assert got[0] == alone(params, keys[0], dataclasses.replace(never, first_only=True))
+  assert got[1] == alone(params, keys[1], never)
+  with pytest.raises(ValueError, match="first_only for 3"):
+    side(lanes.broadcast(params), stacked, dataclasses.replace(never, first_only=(1, 0, 0)))
 
 
 def test_an_evaluation_in_stages_needs_the_targets_metric(setup):
