@@ -517,7 +517,8 @@ def _row(point: Point, run: Run | None, warnings: list[str], tuning: set[str]
              total_responses=plan.total_responses, warmup=warmup_responses(run))
   if not problem and not run.summary:
     problem = "unfinished (no summary.json)"
-  if not problem and row["responses_seen"] < plan.total_responses and not stopped_at_target(run):
+  row["stopped"] = stopped_at_target(run)
+  if not problem and row["responses_seen"] < plan.total_responses and not row["stopped"]:
     problem = f"unfinished ({row['responses_seen']} of {plan.total_responses} responses)"
   return dict(row, problem=problem)
 

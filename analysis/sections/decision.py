@@ -483,13 +483,24 @@ def design(study: st.Study, table: pd.DataFrame, done: dict | None = None) -> Se
                    bool(missed == 0 and not worst > o.band),
                    f"{len(mine) - missed} of {len(mine)} seeds reach it; they fall at most "
                    f"{num(worst)} below it after (allowed: the band, {num(o.band)})"))
-      finals = mine.final.astype(float).dropna()
+      # Seeds stopped at the target (target.stop) end just past it: what the reference
+      # reaches is then the target stage's (the reference batch at the starting rate, run to
+      # its budget).
+      ran = mine[~mine.stopped.fillna(False).astype(bool)] if "stopped" in mine else mine
+      finals = ran.final.astype(float).dropna()
+      title = f"{kind} {name}: the target below what the reference reaches"
       if len(finals) and t.get("base") is not None:
         head = float(np.median(finals)) - study.target
-        rows.append((f"{kind} {name}: the target below what the reference reaches",
-                     head >= o.band,
+        rows.append((title, head >= o.band,
                      f"the reference's median final {num(float(np.median(finals)))} is "
                      f"{num(head)} above the target (needed: the band, {num(o.band)})"))
+      elif t.get("base") is not None and t.get("plateau") is not None:
+        head = float(t["plateau"]) - study.target
+        rows.append((title, head >= o.band,
+                     f"its seeds stopped at the target; the target stage's median final "
+                     f"{num(float(t['plateau']))} (the reference batch at the starting rate, "
+                     f"to its budget) is {num(head)} above it (needed: the band, "
+                     f"{num(o.band)})"))
   lr = (done or {}).get("learning_rate")
   for title, df in (lr.tables if lr else []):
     if "lr per B" in title and {"at_edge", "tried"} <= set(df.columns):

@@ -88,6 +88,16 @@ def test_a_target_the_reference_barely_reaches_fails():
   assert _checks(study)["grpo chosen lr: the target below what the reference reaches"] is False
 
 
+@pytest.mark.parametrize("plateau, ok", [(0.5, True), (0.44, False)])
+def test_a_reference_stopped_at_the_target_is_judged_by_the_target_stage(plateau, ok):
+  """Seeds stopped at the target end just past it (final 0.42 here): the target stage's
+  plateau, run to its budget, says whether the target sits a band below what it reaches."""
+  study = _study(plateau=plateau)
+  runs = study.runs.assign(final=0.42, stopped=True)
+  study.verdict_runs = lambda: runs
+  assert _checks(study)["grpo chosen lr: the target below what the reference reaches"] is ok
+
+
 def test_a_collapsing_reference_fails():
   study = _study()
   runs = study.runs.copy()
