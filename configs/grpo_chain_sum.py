@@ -64,14 +64,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 # steps, on every seed; gradient clipping is off (at 1.0 it clipped most steps at B <= 16 and
 # almost none at B >= 32: the update rule itself changed with B).
 PROMPTS, REF_PROMPTS, LR0 = (1, 2, 4, 8, 16, 32), 2, 1e-4
-BUDGET = {1: 3072, 2: 3072, 4: 3072, 8: 3072, 16: 4096, 32: 8192}  # responses per run, by P
+BUDGET = {1: 3072, 2: 3072, 4: 3072, 8: 4096, 16: 4096, 32: 8192}  # responses per run, by P
 # The study's metric: the sampled accuracy (one temperature-1 response per held-out problem),
 # the policy's expected reward. The greedy accuracy flips as soon as the right carry becomes
 # the mode: 0.17 -> 0.47 in 10 steps at B = 256, then flat, while the sampled one climbs on for
 # 40 steps (0.22 -> 0.33 -> 0.47); only the greedy one is scored by default.
 SAMPLED = {"eval.greedy": False, "eval.sampled": True, "target.metric": "eval/accuracy_sampled"}
-# Evaluation in stages against the study's target (set before the scan: "{target}").
+# Evaluation in stages against the study's target (set before the scan: "{target}"); a run
+# ends at its first evaluation past 1.25 x its responses to target (target.stop_margin): the
+# crossing and what follows it (a collapse) are seen, the budget guards the slow seeds only.
 STAGED = {"eval.adaptive": True, "eval.generation_batch": 125, "target.value": "{target}"}
+STOP = {"target.stop": True, "target.stop_margin": 0.25}
 
 
 def lr_grid(p: int, ref: int = REF_PROMPTS, lr0: float = LR0, rates: int = 5) -> list[float]:
@@ -104,7 +107,7 @@ def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
           **SAMPLED, "optim.lr_scaling": "none", "optim.grad_clip": 0.0,
           "optim.reference_batch": ref * (4 if tiny else 8),
           **({"rl.microbatch": "auto"} if tiny else {})}  # tiny sets 8
-  common_ = sw.fixed(**base, **STAGED)
+  common_ = sw.fixed(**base, **STAGED, **({} if tiny else STOP))  # tiny: to its budget
   scan_seeds = {"seed": [0] if tiny else [0, 1, 2]}
   each_p = sw.zip_axes({"p": list(prompts), "responses": [budget(p) for p in prompts]})
   pairs_at = 2 if tiny else 4  # (P, G) with P x G equal to this P's batch at G = 8

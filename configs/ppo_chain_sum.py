@@ -57,7 +57,8 @@ def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
   """lr_scan: the actor's learning rate at each P (5 rates, the GRPO scan's grid and seeds; the
   study chooses per P, a runner-up too, and extends an edge); confirm: each P at its chosen
   rate ("{optim.lr}") and runner-up ("{optim.lr#2}"), as many fresh seeds as the power
-  calculation asks ("{seeds}"). Evaluated as the GRPO study (grpo_chain_sum.SAMPLED, STAGED),
+  calculation asks ("{seeds}"). Evaluated and stopped as the GRPO study (grpo_chain_sum.SAMPLED,
+  STAGED, STOP),
   no gradient clipping (actor or critic). Used by configs/studies/chain_sum_cpu.py."""
   tiny = "tiny" in (arg or "").split(",")
   prompts, group, ref, warmup = ((2, 4), 2, 2, 8) if tiny else (
@@ -69,6 +70,7 @@ def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
   common_ = sw.fixed(**{"g": group, "rl.num_minibatches": 1, "critic.num_minibatches": 1,
                         "train.eval_every_responses": 8 if tiny else 128,
                         **grpo_chain_sum.SAMPLED, **grpo_chain_sum.STAGED,
+                        **({} if tiny else grpo_chain_sum.STOP),
                         "optim.lr_scaling": "none", "optim.grad_clip": 0.0,
                         "critic.optim.grad_clip": 0.0, "optim.reference_batch": ref * group,
                         # tiny sets 8-row micro-batches; its batches hold 4-16 rows

@@ -17,8 +17,10 @@ Stages (rlscale/sweep/study.py), in order:
   pairs      (P, G) = (8, 4) and (2, 16), equal P x G to (4, 8), at that batch's chosen rate;
   ppo_lr     PPO's actor rate at the same batches (G = 4), 5 rates, the same 3 scan seeds;
   ppo        each at its chosen rate and runner-up, 10 fresh seeds as GRPO's verdict.
-Every run's budget grows with B so that every seed crosses; gradient clipping is off. Then
-analysis/report.py writes <workdir>/report/.
+Every run's budget grows with B so that every seed crosses, and a run of the scans, the
+verdicts and the pairs ends at its first evaluation past 1.25 x its responses to target
+(grpo_chain_sum.STOP; runs side by side stop lane by lane, their process with the last);
+gradient clipping is off. Then analysis/report.py writes <workdir>/report/.
 """
 
 from rlscale.sweep.study import Stage
