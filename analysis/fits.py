@@ -172,6 +172,8 @@ def critical_batch(points_by_batch: dict, reps: int = 1000, level: float = 0.95,
                             f"{dof} dof)")
   elif fit["residual"] > 0.05:
     out["reasons"].append(f"rms log residual {fit['residual']:.3f} > 0.05")
+  out["law_reasons"] = list(out["reasons"])  # the law's own failures, before the range's
+  out["grid_top"] = float(grid[-1])
   lo_b, hi_b = b.min() / _BEYOND, b.max() * _BEYOND
   bc = draws["b_crit"]
   with np.errstate(invalid="ignore"):

@@ -68,7 +68,9 @@ def q_range(study: st.Study, done: dict) -> dict:
   """GRPO at G = 8: invariant over a 16x range of P with the lr adjusted, deviating beyond.
   Read from the chosen-lr series' bracket (analysis/bracket.py): reproduced when it is settled
   invariant over 16x from the reference, not reproduced when a batch within 16x of it is
-  settled broken, else not settled (with what more seeds would take)."""
+  settled broken; where the bracket leaves it open, from the joint fit of E(B) over every batch
+  (analysis/joint_fit.py), said to rest on its law; else not settled (with what more seeds
+  would take)."""
   rows = _chosen_rows(done, "grpo")
   claim = ("GRPO (G = 8): curves against responses align from P = 64 to P = 1024 (16×) with the "
            "lr adjusted; P = 2048 and 4096 deviate")
@@ -90,6 +92,18 @@ def q_range(study: st.Study, done: dict) -> dict:
                 why=f"{text}: settled invariant over {x // b0}× from the reference" + (
                     "" if y is not None else f"; whether it deviates beyond B = {hi} is not "
                     "tested"))
+  j = b.get("joint")
+  if j is not None and j["identified"]:  # the joint fit, where the per-batch bracket is open
+    law = (f"{text}; the joint fit of E(B) = E_min (1 + B/B_crit) over every batch's seeds: "
+           f"invariant up to B = {j['invariant_up_to']}"
+           + ("" if j["broken_from"] is None else f", broken from B = {j['broken_from']}"))
+    if j["broken_from"] is not None and j["broken_from"] < 16 * b0:
+      return dict(claim=claim, mark="not reproduced",
+                  why=f"{law}: under the law a batch within 16× of the reference is broken")
+    if j["invariant_up_to"] >= 16 * b0:
+      return dict(claim=claim, mark="reproduced",
+                  why=f"{law}: under the law, invariant over "
+                      f"{j['invariant_up_to'] // b0}× from the reference")
   p = b.get("power")
   more = (f"; at the measured spread {b['sigma']:.2f}, {p['seeds_invariant_1.0']} seeds a side "
           f"would settle a truly invariant batch at 80% ({b['n']} here)" if p else "")

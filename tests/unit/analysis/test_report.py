@@ -68,6 +68,13 @@ def test_the_bracket_per_series(fake):
   assert found[("grpo", "fixed lr 0.0001")][0] in (16, 32)
   assert "Under seed resampling" in md and "Power: the seed-to-seed spread" in md
   assert "Sensitivity: where the point estimates alone" in md
+  # The joint fit reads every batch at once: E(B)/E(16) = 1.2 at B_tol = 0.2 x 100 + 1.2 x 16 =
+  # 39.2 under the fake's law, so B = 32 settles invariant (the per-batch bracket cannot at 5
+  # seeds) and 64 broken.
+  joint = re.search(r"reaches 1 \+ 0\.2 at B = ([\d.]+) \(one-sided 95%: above ([\d.]+), "
+                    r"below ([\d.]+)\): \*\*invariant up to B = 32, broken from B = 64\*\*", md)
+  assert joint, md[md.index("## Verdict"):md.index("## Does")]
+  assert float(joint[2]) <= 0.2 * fake_study.B_CRIT + 1.2 * fake_study.B0 <= float(joint[3])
 
 
 def test_every_interval_carries_its_seeds_and_coverage(fake):
@@ -226,13 +233,22 @@ def test_the_range_claim_reads_the_bracket():
   sec.facts["rows"] = rows
   study = types.SimpleNamespace(opts=types.SimpleNamespace(tolerance=0.2))
 
-  def mark(x, y):
+  def mark(x, y, joint=None):
     sec.facts["brackets"] = {("grpo", "chosen lr"): dict(
         x=x, y=y, text=f"invariant up to B = {x}", sigma=0.28, n=10,
-        power={"seeds_invariant_1.0": 31})}
+        power={"seeds_invariant_1.0": 31}, joint=joint)}
     return q.q_range(study, {"invariance": sec})
 
   assert mark(256, None)["mark"] == "reproduced"
   assert mark(16, 64)["mark"] == "not reproduced"
   out = mark(32, None)
   assert out["mark"] == "not settled" and "31 seeds a side" in out["why"]
+  # Where the per-batch bracket is open, the joint fit decides, said to rest on its law.
+  def joint(x, y, identified=True):
+    return dict(identified=identified, invariant_up_to=x, broken_from=y)
+  out = mark(32, None, joint(256, None))
+  assert out["mark"] == "reproduced" and "under the law" in out["why"]
+  assert mark(32, None, joint(32, 128))["mark"] == "not reproduced"
+  assert mark(32, None, joint(64, None))["mark"] == "not settled"
+  assert mark(32, None, joint(256, None, identified=False))["mark"] == "not settled"
+  assert mark(16, 64, joint(256, None))["mark"] == "not reproduced"  # the bracket first
