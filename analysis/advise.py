@@ -46,7 +46,7 @@ import types
 import numpy as np
 import pandas as pd
 
-from analysis import fits, stats
+from analysis import fits, report_md, stats
 from rlscale.rl import optim
 
 GRID = 2  # candidate batches beyond the largest measured: x2, x4, ... up to x2**EXTEND
@@ -127,9 +127,33 @@ def best_lr_points(runs: pd.DataFrame, record: dict, kind: str = ""
   return points, lrs, g, int(d.num_minibatches.mode().iloc[0])
 
 
+def largest_working_rate(runs: pd.DataFrame, kind: str = "") -> float:
+  """The largest rate any of `kind`'s runs (scan or verdict) reached the target at in the
+  median over its seeds: rates above it failed or were never tried (inf: no runs to say)."""
+  d = runs[runs.get("status", "done") == "done"] if "status" in runs else runs
+  if kind:
+    d = d[d.kind == kind]
+  if d.empty or "lr" not in d:
+    return math.inf
+  med = d.groupby(["B", "lr"]).responses_to_target.median()
+  ok = [lr for (_, lr), v in med.items() if np.isfinite(v)]
+  return float(max(ok)) if ok else math.inf
+
+
+def _beyond_rate(lr: float, top: int, max_lr: float) -> str:
+  """The rate a batch beyond those run gets: the sqrt rule from the largest, flagged, and
+  never above the largest rate that reached the target (`max_lr`)."""
+  if lr > max_lr:
+    return (f"{max_lr:.3g} (sqrt rule from B={top} gives {lr:.3g}, above the largest rate "
+            f"that reached the target ({max_lr:.3g}): capped; not run)")
+  return f"{lr:.3g} (sqrt rule from B={top}: beyond the batches measured, not run)"
+
+
 def from_study(points: dict[int, np.ndarray], lrs: dict[int, str], extend: int = EXTEND,
-               reps: int = 1000, seed: int = 0) -> tuple[list[Estimate], dict]:
-  """E at every measured B and at B_max x 2, 4, ... (fit or bound), and the fit."""
+               reps: int = 1000, seed: int = 0, max_lr: float = math.inf
+               ) -> tuple[list[Estimate], dict]:
+  """E at every measured B and at B_max x 2, 4, ... (fit or bound), and the fit; the rates
+  beyond the batches run capped at `max_lr` (largest_working_rate)."""
   reached = {b: v for b, v in points.items() if np.isfinite(np.median(v))}
   if len(reached) < 2:
     raise Refusal(f"{len(reached)} batch(es) whose median reached the target: E(B) needs 2 or "
@@ -145,17 +169,19 @@ def from_study(points: dict[int, np.ndarray], lrs: dict[int, str], extend: int =
   lr_top = float(lrs[top].split()[0])
   for k in range(1, extend + 1):
     b = top * GRID ** k
-    lr = f"{lr_top * math.sqrt(b / top):.3g} (sqrt rule from B={top}, not run)"
+    lr = _beyond_rate(lr_top * math.sqrt(b / top), top, max_lr)
     if fit.get("identified"):
       draws = fit["e_min_draws"] * (1 + b / fit["b_crit_draws"])
       lo, hi = np.quantile(draws, [0.025, 0.975])
       out.append(Estimate(b, fit["e_min"] * (1 + b / fit["b_crit"]), float(lo), float(hi),
                           min(fit["n"]), "fit", lr))
     elif fit.get("bound", ("", 0))[0] == "lower":
-      bc = fit["bound"][1]
-      worst = top_e.e * (1 + b / bc) / (1 + top / bc)
-      out.append(Estimate(b, worst, top_e.lo, top_e.hi * (1 + b / bc) / (1 + top / bc),
-                          top_e.seeds, "bound (pessimistic)", lr))
+      # E can grow past B_max by at most (1 + B/b)/(1 + B_max/b), b = B_crit's lower bound:
+      # E(B_max)'s interval carried by that factor, both ends alike, and the row stands for its
+      # upper end (the most the data allow), not its median.
+      grow = (1 + b / fit["bound"][1]) / (1 + top / fit["bound"][1])
+      out.append(Estimate(b, top_e.hi * grow, top_e.lo * grow, top_e.hi * grow,
+                          top_e.seeds, "bound (pessimistic: the upper end)", lr))
   return out, fit
 
 
@@ -276,9 +302,13 @@ def choose(estimates: list[Estimate], step, chips: list[int], layouts: list[str]
   return df.sort_values(["chips", "rank"]).reset_index(drop=True)
 
 
-def table(df: pd.DataFrame, g: int, minibatches: int = 1) -> pd.DataFrame:
-  """Per chip count: the best candidate and the runner-up (the best of another B or layout)."""
+def table(df: pd.DataFrame, g: int, minibatches: int = 1, transfer: bool = False
+          ) -> pd.DataFrame:
+  """Per chip count: the best candidate and the runner-up (the best of another B or layout);
+  with `transfer` (E measured on another model), E relative to the smallest batch's and the
+  step time beside the product, which is labelled as resting on the transfer."""
   out = []
+  e_first = df.loc[df.B.idxmin()].responses if len(df) else math.nan
   for n, d in df.groupby("chips"):
     best = d.iloc[0]
     others = d[(d.B != best.B) | (d.layout != best.layout)]
@@ -293,13 +323,35 @@ def table(df: pd.DataFrame, g: int, minibatches: int = 1) -> pd.DataFrame:
         f"E {second.how}"
         + (" (overlaps)" if tie else ""),
     })
+    if transfer:
+      row = out[-1]
+      row["E / E(smallest B)"] = f"{best.responses / e_first:.2g}"
+      row["step (s, model)"] = seconds(best.step_s, 2)
+      row["time to target (s, assumed transfer)"] = row.pop("time to target (s)")
   return pd.DataFrame(out)
+
+
+def digits(point: float, lo: float, hi: float) -> int:
+  """Significant digits an estimate with this interval justifies: one more than the place of
+  the interval's width (a width of 40% of the point: 2 digits; of 4%: 3), 1 at least, 3 at
+  most."""
+  if not all(map(math.isfinite, (point, lo, hi))) or point <= 0 or hi <= lo:
+    return 2
+  width = (hi - lo) / point
+  return int(min(3, max(1, 1 - math.floor(math.log10(width)))))
+
+
+def seconds(v: float, n: int) -> str:
+  if not math.isfinite(v):
+    return "∞" if v > 0 else "—"
+  return f"{float(f'{v:.{n}g}'):g}"
 
 
 def _iv(r) -> str:
   if math.isnan(r.time_lo):
-    return f"{r.time_s:.3g} (one run: no interval)"
-  return f"{r.time_s:.3g} [{r.time_lo:.3g}, {r.time_hi:.3g}]"
+    return f"{seconds(r.time_s, 2)} (one run: no interval)"
+  n = digits(r.time_s, r.time_lo, r.time_hi)
+  return f"{seconds(r.time_s, n)} [{seconds(r.time_lo, n)}, {seconds(r.time_hi, n)}]"
 
 
 def figure(df: pd.DataFrame, out: str, title: str) -> list[str]:
@@ -330,6 +382,9 @@ def parse(argv=None) -> argparse.Namespace:
   ap.add_argument("--accelerator", default="h200")
   ap.add_argument("--run_accelerator", default="cpu", help="where --run ran")
   ap.add_argument("--model", default="", help="the model to predict for (default: the run's)")
+  ap.add_argument("--assume_transfer", action="store_true",
+                  help="allow --model other than the run's: E(B) measured on the run's model "
+                  "is assumed to hold for it (the output says so)")
   ap.add_argument("--dtype", default="")
   ap.add_argument("--kind", default="", help="the study's algorithm (default: grpo if run)")
   ap.add_argument("--layout", default="both", choices=["colocated", "split", "both"])
@@ -352,7 +407,8 @@ def advise(a: argparse.Namespace) -> tuple[pd.DataFrame, pd.DataFrame, list[str]
   else:
     runs, record = study_runs(a.dir)
     points, lrs, g, nm = best_lr_points(runs, record, a.kind)
-    estimates, fit = from_study(points, lrs)
+    max_lr = largest_working_rate(runs, a.kind or ("grpo" if "grpo" in set(runs.kind) else ""))
+    estimates, fit = from_study(points, lrs, max_lr=max_lr)
     t = record.get("target", {})
     notes.append(f"E(B): the study's best-lr runs to {t.get('metric', 'its target')} = "
                  f"{t.get('value', '?')} at B = {', '.join(map(str, sorted(points)))}; beyond "
@@ -362,13 +418,36 @@ def advise(a: argparse.Namespace) -> tuple[pd.DataFrame, pd.DataFrame, list[str]
                      f"B_crit not identified ({'; '.join(fit.get('reasons', []))})" +
                      (f"; B_crit > {fit['bound'][1]:.3g}: E extrapolated pessimistically"
                       if fit.get("bound", ("",))[0] == "lower" else ": not extrapolated")))
+  own = run_model(a.run)
+  transfer = bool(a.model) and a.model != own
+  if transfer and not a.assume_transfer:
+    raise Refusal(f"E(B) was measured on {own} and this task; --model={a.model} predicts for "
+                  "another model, which needs --assume_transfer (its output then shows E "
+                  "relative to the smallest batch's and the step-time model apart)")
   step, note = throughput(a.run, a.model, a.dtype, a.accelerator, a.run_accelerator)
   notes.append("step time: " + note)
-  if a.model:
-    notes.append(f"E(B) was measured on the run's model and is assumed to hold for {a.model}")
+  if transfer:
+    notes.append(f"**assumed transfer**: E(B) was measured on {own} and is assumed to hold "
+                 f"for {a.model}; nothing here measured that it does. The table gives E "
+                 "relative to the smallest batch's (what the study measured) and the step "
+                 "time (the throughput model's) apart from their product")
   layouts = ["colocated", "split"] if a.layout == "both" else [a.layout]
   df = choose(estimates, step, a.chips, layouts, nm)
-  return df, table(df, g, nm), notes, g
+  tab = table(df, g, nm, transfer)
+  largest = max(e.b for e in estimates)
+  if (tab.B == largest).any():
+    notes.append(f"B = {largest}, the largest candidate, is the best at "
+                 f"{', '.join(str(c) for c in tab[tab.B == largest].chips)} chips: larger "
+                 "batches were neither measured nor extrapolated, so the speedup past there "
+                 "is not known (not a measured limit)")
+  return df, tab, notes, g
+
+
+def run_model(run_dir: str) -> str:
+  """The model a run trained (its config's model.name, else its checkpoint folder)."""
+  with open(os.path.join(run_dir, "config.json")) as f:
+    m = json.load(f).get("model", {})
+  return str(m.get("name") or m.get("hf_checkpoint") or "the run's model")
 
 
 def main(argv=None) -> int:
@@ -386,7 +465,7 @@ def main(argv=None) -> int:
                     "Time to target: median [95% interval from E's seeds or fit]; the step-time "
                     "model's own error is not in it. Extrapolated rows (E from fit, bound or "
                     "probe) are predictions beyond the batches run.", "",
-                    tab.to_markdown(index=False), ""])
+                    report_md.table(tab), ""])
   with open(os.path.join(out, "advice.md"), "w") as f:
     f.write(text)
   print(text)

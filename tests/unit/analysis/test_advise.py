@@ -60,9 +60,11 @@ def test_a_critical_batch_bounded_below_extrapolates_pessimistically():
   estimates, fit = advise.from_study(points, lrs)
   assert not fit["identified"] and fit["bound"][0] == "lower"
   beyond = [e for e in estimates if e.b > 64]
-  assert beyond and all(e.how == "bound (pessimistic)" for e in beyond)
+  assert beyond and all(e.how.startswith("bound (pessimistic") for e in beyond)
   top = next(e for e in estimates if e.b == 64)
   assert all(e.e >= top.e for e in beyond)  # never more optimistic than the largest measured B
+  for e in beyond:  # both ends carried by one factor; the row stands for the upper end
+    assert e.lo / top.lo == pytest.approx(e.hi / top.hi) and e.e == e.hi >= top.hi
 
 
 def test_the_study_choice_of_rate_wins_over_the_fewest_responses():
@@ -108,3 +110,60 @@ def test_a_step_of_several_mini_batches_counts_its_responses():
   assert two.step_s == step_time()(64, 1, "colocated")
   assert advise.table(advise.choose(est, step_time(), [1], ["colocated"], 2), G, 2).iloc[0][
       "P x G"] == "8 x 8"
+
+
+def test_rates_beyond_the_batches_run_are_flagged_and_capped_at_what_worked():
+  runs = fake_runs()
+  scan = runs.assign(role="tuning", lr=4e-4, responses_to_target=math.inf, stage="lr")
+  runs = pd.concat([runs, scan])  # 4e-4 never reached the target: 2e-4 is the largest that did
+  points, lrs, _, _ = advise.best_lr_points(runs, {})
+  assert advise.largest_working_rate(runs, "grpo") == 2e-4
+  estimates, _ = advise.from_study(points, lrs, max_lr=2e-4)
+  far = [e for e in estimates if e.b > 64]
+  assert all("not run" in e.lr for e in far)
+  assert all(float(e.lr.split()[0]) <= 2e-4 for e in far)
+  assert any("capped" in e.lr for e in far)
+
+
+@pytest.mark.parametrize("point, lo, hi, want", [
+    (8.64, 7.2, 10.5, "8.6 [7.2, 10]"),  # 38% wide: two digits
+    (8.64, 8.5, 8.8, "8.64 [8.5, 8.8]"),  # 3.5%: three
+    (8.64, 2.0, 40.0, "9 [2, 40]"),  # wider than the point: one
+])
+def test_seconds_carry_the_digits_their_interval_justifies(point, lo, hi, want):
+  row = pd.Series(dict(time_s=point, time_lo=lo, time_hi=hi))
+  assert advise._iv(row) == want
+
+
+def _study_dir(tmp_path, model="tiny"):
+  study = tmp_path / "study"
+  study.mkdir()
+  fake_runs().to_csv(study / "runs.csv", index=False)
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "config.json").write_text('{"model": {"name": "%s"}}' % model)
+  return str(study), str(run)
+
+
+def test_the_command_writes_its_advice_without_optional_packages(tmp_path, monkeypatch):
+  """main() end to end on a fake study (the step-time model replaced): advice.md is written
+  with the report's own markdown tables (to_markdown needed tabulate, which `pip install -e .`
+  does not bring)."""
+  study, run = _study_dir(tmp_path)
+  monkeypatch.setattr(advise, "throughput", lambda *a: (step_time(), "fake step time"))
+  monkeypatch.setattr(pd.DataFrame, "to_markdown", None, raising=False)
+  assert advise.main([study, "--run", run, "--chips=1,64"]) == 0
+  text = (tmp_path / "study" / "advice" / "advice.md").read_text()
+  assert "| chips | P x G |" in text and "fake step time" in text
+
+
+def test_another_model_needs_assume_transfer_and_then_says_so(tmp_path, monkeypatch, capsys):
+  study, run = _study_dir(tmp_path)
+  monkeypatch.setattr(advise, "throughput", lambda *a: (step_time(), "fake step time"))
+  assert advise.main([study, "--run", run, "--model=qwen2.5-7b"]) == 2
+  assert "--assume_transfer" in capsys.readouterr().err
+  assert advise.main([study, "--run", run, "--model=qwen2.5-7b", "--assume_transfer"]) == 0
+  text = (tmp_path / "study" / "advice" / "advice.md").read_text()
+  assert "**assumed transfer**" in text and "E / E(smallest B)" in text
+  assert "time to target (s, assumed transfer)" in text
+  assert advise.main([study, "--run", run, "--model=tiny"]) == 0  # the run's own: no flag
