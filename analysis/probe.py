@@ -97,6 +97,44 @@ def estimate(curves_by_batch: dict[int, list], gain: float = 0.5, min_seeds: int
               responses_to_gain={str(b): v for b, v in e.items()})
 
 
+def rate_rule(e_by_batch: dict, lr_by_batch: dict[int, float], level: float = 0.95,
+              tolerance: float = 0.2) -> dict[str, Any] | None:
+  """Does progress per step follow the rate alone? E x lr / B per batch (median E over its
+  seeds): constant when every step makes progress in proportion to its rate whatever the
+  batch, so that E(B) is the rule's B / lr(B) and says nothing of gradient noise. Constant when
+  its batches differ by no more than the seeds' noise explains (the chi-square of log(E lr / B)
+  about its weighted mean, each median's standard error from the seed spread pooled over
+  batches, fits._log_median_se, below its `level` quantile on K - 1 degrees of freedom) or by
+  no more than `tolerance` (largest / smallest <= 1 + tolerance: within what the study calls
+  invariant; the probe's metric has so little noise that a 10% difference is significant). None
+  when the rates do not vary with B (a fixed rate: there E x lr / B constant is E proportional
+  to B, which the fit itself reads) or when a batch has no finite median."""
+  import scipy.stats as sps
+  batches = sorted(int(b) for b in e_by_batch)
+  lrs = [float(lr_by_batch[b]) for b in batches]
+  if len(batches) < 3 or max(lrs) <= min(lrs) * (1 + 1e-9):
+    return None
+  seeds = [np.asarray(e_by_batch[b] if b in e_by_batch else e_by_batch[str(b)], float)
+           for b in batches]
+  med = np.array([np.median(v) for v in seeds])
+  if not np.all(np.isfinite(med)) or np.any(med <= 0):
+    return None
+  q = med * np.array(lrs) / np.array(batches, float)
+  se = fits._log_median_se(seeds)
+  spread = float(q.max() / q.min())
+  out = dict(batches=batches, lr=lrs, e_lr_over_b=[float(v) for v in q], spread=spread)
+  within = spread <= 1 + tolerance
+  if not np.all(np.isfinite(se)) or np.any(se <= 0):
+    return dict(out, chi2=math.nan, dof=len(batches) - 1, constant=within)
+  w = 1 / se ** 2
+  logq = np.log(q)
+  centre = float(np.sum(w * logq) / np.sum(w))
+  chi2 = float(np.sum(w * (logq - centre) ** 2))
+  dof = len(batches) - 1
+  return dict(out, chi2=chi2, dof=dof,
+              constant=bool(within or chi2 <= sps.chi2.ppf(level, dof)))
+
+
 def _short(est: dict[str, Any]) -> str:
   if est.get("identified"):
     return f"{est['b_crit']:.3g} [{est['b_crit_lo']:.3g}, {est['b_crit_hi']:.3g}]"
@@ -105,7 +143,15 @@ def _short(est: dict[str, Any]) -> str:
 
 
 def text(est: dict[str, Any]) -> str:
-  """B_crit with its interval and seeds, or 'not identified (reasons)' and the bound."""
+  """B_crit with its interval and seeds, or 'not identified (reasons)' and the bound; where
+  the branches ran at a rule's rates, E x lr / B per batch beside it."""
+  rule = est.get("rate_rule")
+  per = ("" if not rule else "; E x lr / B per batch " + ", ".join(
+      f"{b}: {v:.3g}" for b, v in zip(rule["batches"], rule["e_lr_over_b"])))
+  return _text(est) + per
+
+
+def _text(est: dict[str, Any]) -> str:
   seeds = "/".join(str(n) for n in est.get("n", []))
   if est.get("identified"):
     return (f"B_crit {est['b_crit']:.3g} responses (95% interval {est['b_crit_lo']:.3g}-"
@@ -134,6 +180,37 @@ def load(probe_dir: str, metric: str = METRIC) -> dict[int, dict[int, list]]:
     curve = run.curve(metric)
     if curve:
       out.setdefault(step, {}).setdefault(run.batch, []).append(curve)
+  return out
+
+
+def rates(probe_dir: str) -> dict[int, dict[int, float]]:
+  """{branch step: {B: the effective learning rate its branches ran at}}."""
+  from rlscale.rl import optim
+  out: dict[int, dict[int, float]] = {}
+  for path in branch_dirs(probe_dir):
+    run = runs_lib.load(path)
+    out.setdefault(int(run.config["init"]["branch_step"]), {})[run.batch] = float(
+        optim.scale(run.config["optim"], run.batch).lr)
+  return out
+
+
+def follows_rule(est: dict[str, Any], lr_by_batch: dict[int, float]) -> dict[str, Any]:
+  """`est` with the rate-rule check (rate_rule) of its responses to gain; where progress per
+  step follows the rate within the seeds' noise, B_crit is not identified: the E(B) the fit
+  read is the rule's B / lr(B), not gradient noise."""
+  e = {int(b): v for b, v in est.get("responses_to_gain", {}).items()}
+  if not e or set(e) - set(lr_by_batch):
+    return est
+  rule = rate_rule(e, lr_by_batch)
+  if rule is None:
+    return est
+  out = dict(est, rate_rule=rule)
+  if rule.get("constant"):
+    out["identified"] = False
+    out["reasons"] = list(est.get("reasons", [])) + [
+        "progress follows the rate rule here: E x lr / B is constant within its noise or "
+        f"within 20% (largest / smallest {rule['spread']:.2f}; chi-square {rule['chi2']:.3g} "
+        f"on {rule['dof']} dof); no critical batch is identified"]
   return out
 
 
@@ -171,8 +248,10 @@ def analyse(probe_dir: str, parent_dir: str, metric: str = METRIC, gain: float =
             min_seeds: int = 3) -> dict[str, Any]:
   """Every branch point's estimate, the parent's B_simple there and the probe's cost."""
   points = {}
+  lrs = rates(probe_dir)
   for step, curves in sorted(load(probe_dir, metric).items()):
     est = estimate(curves, gain=gain, min_seeds=min_seeds)
+    est = follows_rule(est, lrs.get(step, {}))
     others = {g: estimate(curves, gain=g, min_seeds=min_seeds) for g in SENSITIVITY if g != gain}
     span = [e for e in [est, *others.values()] if e.get("identified")]  # the advisor's interval
     points[step] = dict(est, **parent_noise(parent_dir, step), text=text(est),

@@ -89,3 +89,50 @@ def test_the_interval_covers_at_three_seeds_and_two_steps_of_the_largest_batch()
       total += 1
       hits += est["b_crit_lo"] <= 32.0 <= est["b_crit_hi"]
   assert total >= 36 and hits / total >= 0.85, (hits, total)
+
+
+SQRT = {8: 7.07e-5, 16: 1e-4, 32: 1.41e-4, 64: 2e-4}  # the sqrt rule from 1e-4 at B = 16
+
+
+def _seeds(e, rng, n=3, spread=0.05):
+  return {b: list(v * np.exp(spread * rng.standard_normal(n))) for b, v in e.items()}
+
+
+def test_progress_that_follows_the_rate_is_no_critical_batch():
+  """E = c B / lr(B): every step progresses by its rate alone. E grows as sqrt(B) under the sqrt
+  rule, which the law's fit reads as a B_crit; the check says the rule explains it."""
+  rng = np.random.default_rng(0)
+  e = _seeds({b: 2e-4 * b / lr for b, lr in SQRT.items()}, rng)
+  rule = probe.rate_rule(e, SQRT)
+  assert rule["constant"] and max(rule["e_lr_over_b"]) / min(rule["e_lr_over_b"]) < 1.2
+  est = probe.follows_rule(dict(identified=True, reasons=[], n=[3] * 4,
+                                responses_to_gain={str(b): v for b, v in e.items()}), SQRT)
+  assert not est["identified"] and "follows the rate rule" in est["reasons"][-1]
+  assert "E x lr / B per batch 8: " in probe.text(est)
+
+
+def test_a_rule_that_does_not_explain_e_leaves_the_fit_alone():
+  """The law with B_crit = 32 under the linear rule: E lr / B grows as 1 + B/32 (2.4x from 8
+  to 64), beyond the seeds' noise and the 20% band."""
+  rng = np.random.default_rng(1)
+  linear = {b: 1e-4 * b / 16 for b in SQRT}
+  e = _seeds({b: 1000.0 * (1 + b / 32) for b in SQRT}, rng)
+  rule = probe.rate_rule(e, linear)
+  assert rule["constant"] is False and rule["spread"] > 2
+  est = dict(identified=True, reasons=[], responses_to_gain={str(b): v for b, v in e.items()})
+  assert probe.follows_rule(est, linear)["identified"] is True
+  assert probe.rate_rule(e, {b: 1e-4 for b in SQRT}) is None  # a fixed rate: the fit reads it
+
+
+def test_the_committed_probe_at_step_20_follows_the_sqrt_rule():
+  """The review's numbers: at step 20 of docs/probe's sqrt probe E = 23/30/40/58 responses at
+  B = 8-64, so E lr / B = 2.03/1.85/1.76/1.83 (x 1e-4): within 20%, the rule's, not noise's."""
+  import json
+  import os
+  from tests.support import REPO
+  with open(os.path.join(REPO, "docs", "probe", "reference_run_sqrt", "probe.json")) as f:
+    point = json.load(f)["points"]["20"]
+  e = {int(b): v for b, v in point["responses_to_gain"].items()}
+  rule = probe.rate_rule(e, SQRT)
+  assert [round(v * 1e4, 2) for v in rule["e_lr_over_b"]] == [2.03, 1.85, 1.76, 1.83]
+  assert rule["constant"] and point["identified"]  # the committed report read a B_crit there
