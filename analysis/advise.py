@@ -407,7 +407,8 @@ def advise(a: argparse.Namespace) -> tuple[pd.DataFrame, pd.DataFrame, list[str]
   else:
     runs, record = study_runs(a.dir)
     points, lrs, g, nm = best_lr_points(runs, record, a.kind)
-    max_lr = largest_working_rate(runs, a.kind or ("grpo" if "grpo" in set(runs.kind) else ""))
+    kind = a.kind or ("grpo" if "grpo" in set(runs.kind) else sorted(set(runs.kind))[0])
+    max_lr = largest_working_rate(runs, kind)  # the algorithm best_lr_points read
     estimates, fit = from_study(points, lrs, max_lr=max_lr)
     t = record.get("target", {})
     notes.append(f"E(B): the study's best-lr runs to {t.get('metric', 'its target')} = "
@@ -444,10 +445,10 @@ def advise(a: argparse.Namespace) -> tuple[pd.DataFrame, pd.DataFrame, list[str]
 
 
 def run_model(run_dir: str) -> str:
-  """The model a run trained (its config's model.name, else its checkpoint folder)."""
+  """The model a run trained: its checkpoint folder (model.hf_checkpoint), else model.name."""
   with open(os.path.join(run_dir, "config.json")) as f:
     m = json.load(f).get("model", {})
-  return str(m.get("name") or m.get("hf_checkpoint") or "the run's model")
+  return str(m.get("hf_checkpoint") or m.get("name") or "the run's model")  # a folder wins
 
 
 def main(argv=None) -> int:

@@ -57,9 +57,12 @@ def invariance(points_by_batch: dict, b0: int, tolerance: float = 0.2, reps: int
   batches = sorted(points_by_batch)
   if b0 not in points_by_batch:
     raise ValueError(f"the reference B0 = {b0} is not among the batches {batches}")
-  fit = fits.critical_batch(points_by_batch, reps=reps, level=0.9, seed=seed)
   out = dict(batches=batches, b0=b0, tolerance=tolerance,
              seeds=[len(points_by_batch[b]) for b in batches])
+  try:
+    fit = fits.critical_batch(points_by_batch, reps=reps, level=0.9, seed=seed)
+  except ValueError as e:  # a median of 0: a batch whose seeds start on target
+    return dict(out, identified=False, reasons=[str(e)])
   law = fit.get("law_reasons")
   if law is None or law:
     return dict(out, identified=False, reasons=fit["reasons"] if law is None else law)
@@ -69,7 +72,9 @@ def invariance(points_by_batch: dict, b0: int, tolerance: float = 0.2, reps: int
     # a B_crit at the top of the fit's grid is "beyond": unbounded above
     got = np.where(got >= 0.999 * fit["grid_top"], np.inf, got)
     draws[:got.size] = got  # the reps without a fit stay nan: they widen both bounds
-  lo, hi = stats.percentile_bounds(draws, 0.9, linear=True)
+  # order statistics: interpolating against the first infinite draw would make a bound
+  # infinite one rank early
+  lo, hi = stats.percentile_bounds(draws, 0.9)
   point = fit["b_crit"] if fit["b_crit"] < 0.999 * fit["grid_top"] else math.inf
   lo, hi = max(lo, 0.0), (math.inf if hi >= 0.999 * fit["grid_top"] else hi)
   t_lo, t_hi = b_tol(lo, b0, tolerance), b_tol(hi, b0, tolerance)

@@ -252,7 +252,8 @@ def analyse(probe_dir: str, parent_dir: str, metric: str = METRIC, gain: float =
   for step, curves in sorted(load(probe_dir, metric).items()):
     est = estimate(curves, gain=gain, min_seeds=min_seeds)
     est = follows_rule(est, lrs.get(step, {}))
-    others = {g: estimate(curves, gain=g, min_seeds=min_seeds) for g in SENSITIVITY if g != gain}
+    others = {g: follows_rule(estimate(curves, gain=g, min_seeds=min_seeds), lrs.get(step, {}))
+              for g in SENSITIVITY if g != gain}
     span = [e for e in [est, *others.values()] if e.get("identified")]  # the advisor's interval
     points[step] = dict(est, **parent_noise(parent_dir, step), text=text(est),
                         at_other_gains={str(g): _short(e) for g, e in others.items()},

@@ -505,15 +505,18 @@ def design(study: st.Study, table: pd.DataFrame, done: dict | None = None) -> Se
       # Seeds stopped at the target (target.stop) end just past it: what the reference
       # reaches is then the target stage's (the reference batch at the starting rate, run to
       # its budget).
-      ran = mine[~mine.stopped.fillna(False).astype(bool)] if "stopped" in mine else mine
-      finals = ran.final.astype(float).dropna()
+      stopped = bool(mine.stopped.fillna(False).astype(bool).any()) if "stopped" in mine else False
+      finals = mine.final.astype(float).dropna()
       title = f"{kind} {name}: the target below what the reference reaches"
-      if len(finals) and t.get("base") is not None:
+      if stopped and t.get("base") is not None and t.get("plateau") is None:
+        rows.append((title, False, "its seeds stopped at the target and the study recorded no "
+                     "plateau (a target stage run to its budget): not checkable"))
+      elif len(finals) and t.get("base") is not None and not stopped:
         head = float(np.median(finals)) - study.target
         rows.append((title, head >= o.band,
                      f"the reference's median final {num(float(np.median(finals)))} is "
                      f"{num(head)} above the target (needed: the band, {num(o.band)})"))
-      elif t.get("base") is not None and t.get("plateau") is not None:
+      elif stopped and t.get("base") is not None:
         head = float(t["plateau"]) - study.target
         rows.append((title, head >= o.band,
                      f"its seeds stopped at the target; the target stage's median final "

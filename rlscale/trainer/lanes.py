@@ -200,14 +200,18 @@ class LaneRuns:
   def state(self):
     return {n: m.state for n, m in self.algo.models.items()}
 
-  def load_all(self) -> None:
-    """Put the lanes' restored states (LaneView.load) into the stacked state."""
+  def load_all(self, fresh: set[int] = frozenset()) -> None:
+    """Put the lanes' restored states (LaneView.load) into the stacked state; the lanes in
+    `fresh` start anew and keep the state they were built with."""
     if not self._loaded:
       return
-    if len(self._loaded) != len(self.lanes):
+    if len(self._loaded) + len(fresh - set(self._loaded)) != len(self.lanes):
       raise RuntimeError(f"runs side by side restored {len(self._loaded)} of "
                          f"{len(self.lanes)} lanes")
-    stacked = self.lanes.stack([self._loaded[k] for k in range(len(self.lanes))])
+    current = self.state()
+    stacked = self.lanes.stack([self._loaded[k] if k in self._loaded
+                                else self.lanes.take(current, k)
+                                for k in range(len(self.lanes))])
     for n, m in self.algo.models.items():
       m.state = stacked[n]
     self._loaded.clear()
@@ -428,24 +432,27 @@ def run(runs: list[resolved.Resolved]) -> list[dict]:
   stepped (the stacked computation still carries it); the group ends with its last lane."""
   preemption.loop_started()
   shared, loops = _build(runs)
-  start, restored = _restore(loops)
-  if start == 0 and restored:  # some lane saved, another never did: every lane anew
+  start, starts, done, stale = _restore(loops)
+  if stale:  # a running lane saved, another never did: the running lanes anew, from step 0
     for loop in loops:
       loop.ckpt.close()
     shared, loops = _build(runs)
-  shared.load_all()
+    starts = [loop.restore() if d else 0 for loop, d in zip(loops, done)]
+  shared.load_all(fresh={k for k, s in enumerate(starts) if not s})
   summaries: list[dict | None] = [None] * len(loops)
+  closed: set[int] = set()
 
   def end_stopped(pendings):  # a lane at its stop: its summary and policy of this step
     for k, loop in enumerate(loops):
-      if summaries[k] is None and loop.stopped():
+      if summaries[k] is None and k not in closed and loop.stopped():
         loop.flush(pendings[k])
+        closed.add(k)
         loop.close()
         summaries[k] = loop.trainer.finish(*loop.result())
 
   try:
-    for loop in loops:
-      loop.open(start)
+    for loop, s in zip(loops, starts):
+      loop.open(s)
     pendings: list[Pending | None] = [None] * len(loops)
     end_stopped(pendings)  # restored at its stop
     for step in range(start + 1, shared.plan.num_steps + 1):
@@ -463,7 +470,7 @@ def run(runs: list[resolved.Resolved]) -> list[dict]:
         loops[k].flush(pendings[k])
   finally:
     for k, loop in enumerate(loops):
-      if summaries[k] is None:
+      if k not in closed:
         loop.close()
   return [s if s is not None else loop.trainer.finish(*loop.result())
           for s, loop in zip(summaries, loops)]
@@ -476,23 +483,28 @@ def _build(runs: list[resolved.Resolved]) -> tuple[LaneRuns, list[Loop]]:
   return shared, shared.loops
 
 
-def _restore(loops: list[Loop]) -> tuple[int, bool]:
-  """Restore every lane from the newest step all of them have intact, and set aside the steps
-  a lane saved after it (it saves them again): (that step, 0 for none; whether a lane had
-  restored a later one)."""
-  limit, restored = None, False
-  while True:
-    steps = [loop.restore(at_most=limit) for loop in loops]
-    restored |= any(steps)
-    if len(set(steps)) == 1:
-      break
-    limit = min(steps)
-    logging.info("runs side by side: lanes restored steps %s; all resume from step %d",
-                 steps, limit)
-  for loop in loops:
-    later = loop.ckpt.set_aside_after(steps[0])
+def _restore(loops: list[Loop]) -> tuple[int, list[int], list[bool], bool]:
+  """Restore every lane: a lane that had stopped at its target (target.stop) keeps its own
+  step; the others resume from the newest step all of them have intact, and the steps a lane
+  saved after it are set aside (it saves them again). Returns (that step, 0 for none; each
+  lane's step; which lanes are stopped; whether a lane still running had restored a later step
+  than the common one, whose state is then stale)."""
+  steps = [loop.restore() for loop in loops]
+  done = [loop.stopped() for loop in loops]
+  live = [k for k, d in enumerate(done) if not d]
+  stale = False
+  while live and len({steps[k] for k in live}) > 1:
+    limit = min(steps[k] for k in live)
+    logging.info("runs side by side: lanes restored steps %s; the running ones resume from "
+                 "step %d", steps, limit)
+    stale = True
+    for k in live:
+      steps[k] = loops[k].restore(at_most=limit)
+  start = steps[live[0]] if live else 0
+  for k in live:
+    later = loops[k].ckpt.set_aside_after(start)
     if later:
       logging.warning("%s: steps %s set aside in checkpoints/superseded/: the runs side by side "
-                      "resume from step %d, which every one of them holds", loop.workdir, later,
-                      steps[0])
-  return steps[0], restored
+                      "resume from step %d, which every one of them holds", loops[k].workdir,
+                      later, start)
+  return start, steps, done, stale and start == 0

@@ -190,6 +190,10 @@ class Loop:
     branch = self.cfg.init.branch_from if "init" in self.cfg else ""
     if not start and branch:
       self._branch(branch, self.cfg.init.branch_step)
+    # A restore again at an earlier step (runs side by side aligning their lanes) forgets
+    # what the first one read: its crossing, its last evaluation.
+    self.counters = {"step": 0, "wall_time": 0.0, "seed": self.cfg.seed}
+    self.last_eval, self.metrics_rows, self.eval_seen = {}, None, 0
     if start:
       self.trainer.load(state, meta.pop("trainer", {}))
       self.last_eval = meta.pop("last_eval", {})  # a finished run's summary keeps its evaluation

@@ -225,15 +225,35 @@ def test_each_lane_stops_at_its_own_target(side_by_side, tmp_path, tiny_sft_base
   want = [10 if stop_step(ev, metric, value) is None else stop_step(ev, metric, value)
           for ev in evals]
   assert len(set(want)) == 2, (metric, value, want)  # the lanes stop apart
-  p = _run(["--seeds=0,1", f"--workdir={tmp_path}/seed={{seed}}",
-            f"--config.init.cache_dir={tiny_sft_base}", f"--config.target.metric={metric}",
-            f"--config.target.value={value}", "--config.target.stop=True",
-            "--config.target.stop_margin=0.5"], root, steps=10)
+  args = ["--seeds=0,1", f"--workdir={tmp_path}/seed={{seed}}",
+          f"--config.init.cache_dir={tiny_sft_base}", f"--config.target.metric={metric}",
+          f"--config.target.value={value}", "--config.target.stop=True",
+          "--config.target.stop_margin=0.5", "--config.train.keep_checkpoints=10"]
+  p = _run(args, root, steps=10)
   assert p.returncode == 0, p.stderr[-3000:]
-  for seed, rows, end in zip((0, 1), runs, want):
-    got = _rows(tmp_path / f"seed={seed}" / "metrics.jsonl")
-    assert [r["step"] for r in got] == list(range(end + 1)), (seed, value, want)
-    assert [_numbers(r) for r in got] == [_numbers(r) for r in rows[:end + 1]], seed
-    with open(tmp_path / f"seed={seed}" / "summary.json") as f:
-      summary = json.load(f)
-    assert summary["step"] == end
+
+  def check():
+    for seed, rows, end in zip((0, 1), runs, want):
+      got = _rows(tmp_path / f"seed={seed}" / "metrics.jsonl")
+      assert [r["step"] for r in got] == list(range(end + 1)), (seed, value, want)
+      assert [_numbers(r) for r in got] == [_numbers(r) for r in rows[:end + 1]], seed
+      with open(tmp_path / f"seed={seed}" / "summary.json") as f:
+        assert json.load(f)["step"] == end
+  check()
+  # Preempted after the first lane stopped: the later lane's checkpoints past an earlier save
+  # and its summary are gone. The rerun keeps the stopped lane at its own stop (nothing set
+  # aside, nothing trained again) and resumes the other from its save, to the same rows.
+  late = int(want[1] > want[0])
+  folder = tmp_path / f"seed={late}"
+  kept = sorted(int(d.name) for d in (folder / "checkpoints").iterdir() if d.name.isdigit())
+  back = max(c for c in kept if c < want[late])
+  import shutil
+  for c in kept:
+    if c > back:
+      shutil.rmtree(folder / "checkpoints" / str(c))
+  (folder / "summary.json").unlink()
+  p = _run(args, root, steps=10)
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert f"resumed from the checkpoint of step {back}" in p.stderr
+  assert "set aside" not in p.stderr
+  check()

@@ -167,3 +167,9 @@ def test_another_model_needs_assume_transfer_and_then_says_so(tmp_path, monkeypa
   assert "**assumed transfer**" in text and "E / E(smallest B)" in text
   assert "time to target (s, assumed transfer)" in text
   assert advise.main([study, "--run", run, "--model=tiny"]) == 0  # the run's own: no flag
+
+
+def test_a_run_from_a_checkpoint_folder_is_that_model(tmp_path):
+  (tmp_path / "config.json").write_text(
+      '{"model": {"name": "tiny", "hf_checkpoint": "/models/Qwen2.5-0.5B"}}')
+  assert advise.run_model(str(tmp_path)) == "/models/Qwen2.5-0.5B"  # name is ignored then

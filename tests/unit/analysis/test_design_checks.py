@@ -96,6 +96,18 @@ def test_a_reference_stopped_at_the_target_is_judged_by_the_target_stage(plateau
   runs = study.runs.assign(final=0.42, stopped=True)
   study.verdict_runs = lambda: runs
   assert _checks(study)["grpo chosen lr: the target below what the reference reaches"] is ok
+  # One seed that ran to its budget without reaching the target does not decide it either.
+  runs = runs.assign(stopped=runs.index % 10 != 3, final=np.where(runs.index % 10 == 3, 0.3,
+                                                                  0.42))
+  study.verdict_runs = lambda: runs
+  assert _checks(study)["grpo chosen lr: the target below what the reference reaches"] is ok
+
+
+def test_a_stopped_reference_without_a_plateau_is_not_checkable():
+  study = _study(plateau=None)
+  runs = study.runs.assign(final=0.42, stopped=True)
+  study.verdict_runs = lambda: runs
+  assert _checks(study)["grpo chosen lr: the target below what the reference reaches"] is False
 
 
 def test_a_collapsing_reference_fails():
