@@ -192,12 +192,14 @@ def exponent_claim(ex: dict) -> str:
   a coverage of at least questions.MIN_COVERAGE; below, it suggests and does not settle."""
   admits = [name for name, a in RULES.items() if ex["lo"] <= a <= ex["hi"]]
   misses = [name for name in RULES if name not in admits]
-  text = f"the interval admits {', '.join(admits) or 'none of them'}"
+  text = (f"the interval admits {', '.join(admits)}" if admits else
+          "the interval admits no rule of the three")
   if not misses:
     return text
   cov = ex.get("coverage", math.nan)
   if rules_out(cov):
-    return text + f" and excludes {', '.join(misses)}"
+    return (f"the interval excludes all three rules ({', '.join(misses)})" if not admits else
+            text + f" and excludes {', '.join(misses)}")
   return text + (f"; it misses {', '.join(misses)}, but at {cov:.0%} coverage (below "
                  f"{MIN_COVERAGE:.0%}) that only suggests they do not hold: which rule holds "
                  "is not settled")

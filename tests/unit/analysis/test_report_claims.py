@@ -222,6 +222,9 @@ def test_the_lr_exponent_excludes_a_rule_only_with_enough_coverage():
   strong = rules.exponent_claim(dict(ex, coverage=0.95))
   assert strong == "the interval admits sqrt and excludes none, linear"
   assert "excludes" not in rules.exponent_claim(dict(ex, coverage=math.nan))
+  # An interval between the rules names no rule twice ("admits none of them and excludes none")
+  between = rules.exponent_claim(dict(exponent=0.68, lo=0.52, hi=0.69, coverage=0.97))
+  assert between == "the interval excludes all three rules (none, sqrt, linear)"
 
 
 def test_the_questions_state_every_mark_and_the_coverage_rule():
