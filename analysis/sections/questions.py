@@ -109,6 +109,10 @@ def q_range(study: st.Study, done: dict) -> dict:
           f"would settle a truly invariant batch at 80% ({b['n']} here)" if p else "")
   span = (f"settled invariant up to {x // b0}× it" if x > b0 else
           "no batch above it settled invariant")
+  if j is not None and j["identified"]:
+    span += (f" (the joint fit: invariant up to B = {j['invariant_up_to']}"
+             + ("" if j["broken_from"] is None else f", broken from B = {j['broken_from']}")
+             + ", short of 16×)")
   return dict(claim=claim, mark="not settled",
               why=f"{text}: the range tried reaches {hi // b0}× the reference, {span}" + more)
 
@@ -234,9 +238,23 @@ def _timing_seen(done: dict) -> str:
   if not parts:
     return ""
   sub = [k for k, p in power.items() if p.get("exponent_hi", np.inf) < 1]
-  return ("on this CPU (N = the study's 8-64 responses per step): " + "; ".join(parts)
+  return (f"on this CPU (N = the study's {_batch_range(done)} responses per step): "
+          + "; ".join(parts)
           + (f"; {', '.join(sub)} generation is sublinear here from the fixed per-call "
              "overhead of small batches, not from memory-bound decoding" if sub else ""))
+
+
+def _batch_range(source) -> str:
+  """The study's batches (responses per optimizer step) as 'lo-hi', from its runs (a Study) or
+  the timing section's (a dict of sections); 'its' when unknown."""
+  runs = getattr(source, "runs", None)
+  if runs is None or "B" not in getattr(runs, "columns", ()):
+    sec = source.get("timing") if isinstance(source, dict) else None
+    lo_hi = (sec.facts.get("batches") if sec else None) or ()
+  else:
+    b = pd.to_numeric(runs.B, errors="coerce").dropna()
+    lo_hi = (int(b.min()), int(b.max())) if len(b) else ()
+  return f"{lo_hi[0]}-{lo_hi[1]}" if lo_hi else "its"
 
 
 def questions(study: st.Study, table: pd.DataFrame, done: dict | None = None) -> Section:
@@ -257,9 +275,9 @@ def questions(study: st.Study, table: pd.DataFrame, done: dict | None = None) ->
                   "with too little coverage, *not testable* here when this study's data cannot "
                   "tell the claim from its alternative, or on a CPU when the claim's mechanism "
                   f"needs an accelerator (with the command that tests it). Rule: "
-                  f"{COVERAGE_RULE}. The study's "
-                  "scale (a 0.8M-parameter model, batches of 8-64 responses) is far below the "
-                  "claims' (a 30B MoE, 512-32k responses): agreement is in kind, not in size.")
+                  f"{COVERAGE_RULE}. The study's scale (batches of {_batch_range(study)} "
+                  "responses, its model's) is far below the claims' (a 30B MoE, 512-32k "
+                  "responses): agreement is in kind, not in size.")
   sec.facts["marks"] = marks
   for m in marks:
     sec.verdict.append(f"*{m['mark']}*: {m['claim']} — {m['why']}.")

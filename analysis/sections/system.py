@@ -252,6 +252,7 @@ def timing(study: st.Study, table: pd.DataFrame) -> Section:
   if pts.empty or pts.responses.nunique() < 2:
     sec.skipped = "step times at fewer than two batch sizes."
     return sec
+  sec.facts["batches"] = (int(pts.responses.min()), int(pts.responses.max()))
   rows, gen_parts, tr_parts = [], [], []
   for (kind, chips, platform), g in pts.groupby(["kind", "chips", "platform"]):
     f = _timing_fits(g)
