@@ -128,6 +128,14 @@ def _task(cfg, model_cfg, errors: list[str]) -> tasks.Task | None:
   if model_cfg is not None and model_cfg.vocab_size < task.tokenizer.vocab_size:
     errors.append(f"model.vocab_size={model_cfg.vocab_size} is smaller than the task's "
                   f"vocabulary ({task.tokenizer.vocab_size})")
+  # A task whose answer comes after a worked scratchpad (chain_sum) knows the tokens its longest
+  # right response needs: a rollout cut shorter would score most responses 0 without a word
+  # (task.terms=5 needs 30 tokens, its config gives 24).
+  need = getattr(task, "needs_new_tokens", 0)
+  if cfg.kind != "sft" and cfg.rollout.max_new_tokens < need:
+    errors.append(f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} is shorter than the "
+                  f"task's longest right response ({need} tokens, task "
+                  f"{cfg.task.name}): raise it to at least {need}")
   return task
 
 

@@ -60,6 +60,9 @@ class ChainSum(Procedural):
     self.max_prompt_len = 1 + terms * digits + terms  # <bos>, the terms, their + and =
     largest = [10**digits - 1] * terms  # the longest scratchpad (the flawed one is never longer)
     self.max_answer_len = len(self.scratchpad(largest)) + 1  # and <eos>
+    # The final sum comes last, so a rollout needs the whole scratchpad (its <eos> may be cut:
+    # the grader reads the text)
+    self.needs_new_tokens = self.max_answer_len - 1
 
   # --- problems ---
 

@@ -121,6 +121,8 @@ BAD = [
     row("grpo.py", "rollout.top_p", 1.5, "rollout.top_p=1.5 must be in (0, 1]"),
     row("grpo.py", "rollout.top_k", -1, "rollout.top_k=-1 must be >= 0"),
     row("grpo.py", "rollout.max_new_tokens", 0, "rollout.max_new_tokens=0 must be >= 1"),
+    row("grpo_chain_sum.py", "task.terms", 5, "rollout.max_new_tokens=24 is shorter than the "
+        "task's longest right response (30 tokens", name="rollout.max_new_tokens"),
     row("ppo.py", "rollout.decode_chunk", 0, "rollout.decode_chunk=0 must be >= 1"),
     row("grpo.py", "rollout.generation_batch", 12, "rollout.generation_batch=12 must split over"),
     row("grpo.py", "rollout.generation_batch", 0, "rollout.generation_batch=0 must be a positive"),
