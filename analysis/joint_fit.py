@@ -25,9 +25,8 @@ veto.
 Only where the law holds: when the fit's own diagnostics fail (E falls with B, residuals beyond
 the seeds' spread, a batch's median never reached, too few seeds) there is no joint answer,
 "not identified". B_crit beyond the batches tried is not a failure here: its lower bound still
-bounds X. `false_rates` simulates the procedure on studies of known B_crit at the study's
-batches, seeds and spread; tests/unit/analysis/test_joint_fit.py holds both rates at or below
-5%.
+bounds X. tests/unit/analysis/test_joint_fit.py simulates the procedure on studies of known
+answer at the study's batches, seeds and spread and holds both false rates at or below 5%.
 """
 
 from __future__ import annotations
@@ -111,28 +110,3 @@ def describe(r: dict, n_label: str = "") -> str:
   text += (f", broken from B = {r['broken_from']}**" if r["broken_from"] is not None
            else "**, broken nowhere settled")
   return text
-
-
-def false_rates(batches: list[int], b0: int, n: int, sigma: float, b_crit: float,
-                tolerance: float = 0.2, draws: int = 200, reps: int = 400,
-                seed: int = 0) -> dict:
-  """Simulated studies of the law E_min (1 + B/b_crit), n seeds per batch, log-normal seed
-  spread sigma: the share whose X covers a batch truly beyond 1 + tolerance (false invariant),
-  whose Y is a batch truly within it (false break), and how often each was identified and
-  settled something beyond the reference."""
-  rng = np.random.default_rng(seed)
-  truth = {b: true_ratio(b, b0, b_crit) for b in batches}
-  false_inv = false_brk = ident = settled = 0
-  for i in range(draws):
-    pts = {b: 1000.0 * (1 + (b / b_crit if math.isfinite(b_crit) else 0.0))
-           * np.exp(sigma * rng.standard_normal(n)) for b in batches}
-    r = invariance(pts, b0, tolerance, reps=reps, seed=i)
-    if not r["identified"]:
-      continue
-    ident += 1
-    x, y = r["invariant_up_to"], r["broken_from"]
-    settled += x > b0 or y is not None
-    false_inv += any(truth[b] > 1 + tolerance for b in batches if b0 < b <= x)
-    false_brk += y is not None and truth[y] <= 1 + tolerance
-  return dict(false_invariant=false_inv / draws, false_break=false_brk / draws,
-              identified=ident / draws, settled=settled / draws)

@@ -81,16 +81,22 @@ def test_the_stop_rule():
   assert not is_settled(820, 2000, 0.41, 2.0)
 
 
-def test_runs_side_by_side_stop_each_lane_where_it_would_alone(setup):
-  task, mesh, graphdef, params, ev = setup
+def _side_by_side(task, mesh, graphdef):
+  """Two lanes' evaluator, the same evaluator alone, the lanes' keys and their stacked form."""
   lanes = lanes_lib.Lanes(2)
-  side = Evaluator(task, graphdef, mesh, sharding.rules_from_config(None), max_new_tokens=4,
-                   generation_batch=GB, sampled=True, greedy=False, lanes=lanes)
-  alone = Evaluator(task, graphdef, mesh, sharding.rules_from_config(None), max_new_tokens=4,
-                    generation_batch=GB, sampled=True, greedy=False)
+  kw = dict(max_new_tokens=4, generation_batch=GB, sampled=True, greedy=False)
+  rules = sharding.rules_from_config(None)
+  side = Evaluator(task, graphdef, mesh, rules, lanes=lanes, **kw)
+  alone = Evaluator(task, graphdef, mesh, rules, **kw)
   keys = [jax.random.key(5), jax.random.key(6)]
   stacked = lanes.map(jax.random.wrap_key_data, (True,))(
       lanes.stack([jax.random.key_data(k) for k in keys]))
+  return lanes, side, alone, keys, stacked
+
+
+def test_runs_side_by_side_stop_each_lane_where_it_would_alone(setup):
+  task, mesh, graphdef, params, ev = setup
+  lanes, side, alone, keys, stacked = _side_by_side(task, mesh, graphdef)
   for stop in (Stop("eval/accuracy_sampled", 0.0, z=2.0),  # settles at once
                Stop("eval/accuracy_sampled", 0.5, z=1e9)):  # never: the whole set
     got = side(lanes.broadcast(params), stacked, stop)
@@ -101,14 +107,7 @@ def test_side_by_side_each_lane_has_its_own_first_only(setup):
   """A lane past its target scores the first stage alone; one beside it that has not reached
   it is scored in stages as it would be alone (lanes no longer share lane 0's state)."""
   task, mesh, graphdef, params, ev = setup
-  lanes = lanes_lib.Lanes(2)
-  side = Evaluator(task, graphdef, mesh, sharding.rules_from_config(None), max_new_tokens=4,
-                   generation_batch=GB, sampled=True, greedy=False, lanes=lanes)
-  alone = Evaluator(task, graphdef, mesh, sharding.rules_from_config(None), max_new_tokens=4,
-                    generation_batch=GB, sampled=True, greedy=False)
-  keys = [jax.random.key(5), jax.random.key(6)]
-  stacked = lanes.map(jax.random.wrap_key_data, (True,))(
-      lanes.stack([jax.random.key_data(k) for k in keys]))
+  lanes, side, alone, keys, stacked = _side_by_side(task, mesh, graphdef)
   never = Stop("eval/accuracy_sampled", 0.5, z=1e9)
   got = side(lanes.broadcast(params), stacked,
              dataclasses.replace(never, first_only=(True, False)))
