@@ -35,7 +35,7 @@ DEFAULTS = {
     "task.demo_files": "", "task.demo_field": "response",
     "eval.greedy": True, "eval.sampled": False, "eval.reference": False,
     "eval.adaptive": False, "eval.adaptive_z": 2.0, "target.stop_margin": 0.0,
-    "init.branch_from": "", "init.branch_step": 0, "train.keep_period": 0,
+    "init.branch_from": "", "init.branch_step": 0, "init.branch_optimizer": "parent", "train.keep_period": 0,
 }
 
 

@@ -32,6 +32,7 @@ _SECTIONS = {"sft": ("model", "mesh", "task", "sft", "optim", "train", "eval"),
              "rl": ("model", "mesh", "task", "init", "rollout", "rl", "optim", "noise", "target",
                     "train", "eval")}
 _DTYPES = ("float32", "bfloat16", "float16")
+BRANCH_OPTIMIZER = ("fresh", "parent")  # init.branch_optimizer
 
 
 def integer(errors: list[str], field: str, value, minimum: int = 1, why: str = "") -> None:
@@ -245,6 +246,9 @@ def _branch(errors: list[str], i) -> None:
   if "branch_from" not in i:
     return
   integer(errors, "init.branch_step", i.branch_step, minimum=0)
+  if i.get("branch_optimizer", "parent") not in BRANCH_OPTIMIZER:
+    errors.append(f"init.branch_optimizer={i.branch_optimizer!r}; known: "
+                  f"{', '.join(BRANCH_OPTIMIZER)}")
   if not i.branch_from:
     return
   if not isinstance(i.branch_from, str):

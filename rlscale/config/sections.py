@@ -210,6 +210,10 @@ def init(sft_config: str = "configs/sft.py") -> ml_collections.ConfigDict:
   # those it trained on. Empty: start from the base policy.
   c.branch_from = ""
   c.branch_step = 0
+  # The branch's optimizer state: "fresh" (Adam's moments start empty, as every run's do) or
+  # "parent" (the parent's moments and bias-correction count; beta2 = 0.999 remembers ~1,000
+  # of the parent's steps, so a short branch stays partly a continuation at the parent's batch).
+  c.branch_optimizer = "fresh"
   return c
 
 

@@ -152,15 +152,18 @@ class RLTrainer:
 
   def branch(self, state, meta: dict[str, Any], parent: str, step: int) -> None:
     """Start from the checkpoint of `step` of the run in `parent` (init.branch_from): its
-    weights, its optimizer moments (optim.branched: the branch's own hyperparameters and
-    schedule clock) and PPO-EWMA's proximal weights; the noise-scale estimates, the counters and
+    weights and PPO-EWMA's proximal weights; with init.branch_optimizer="parent" also its
+    optimizer moments (optim.branched: the branch's own hyperparameters and schedule clock),
+    with "fresh" the branch's own empty ones; the noise-scale estimates, the counters and
     the filtered fraction start afresh, and the prompt stream after the parent's (`meta`: its
     trainer meta), so that no branch trains on a prompt its parent (or its parent's parent)
     trained on."""
+    fresh = self.cfg.init.branch_optimizer == "fresh"
     for n, m in self.algo.models.items():
       mine = m.state
       m.state = mine._replace(params=state[n].params, prox=state[n].prox,
-                              opt_state=optim.branched(mine.opt_state, state[n].opt_state))
+                              opt_state=mine.opt_state if fresh
+                              else optim.branched(mine.opt_state, state[n].opt_state))
     self.sampler_params, self.prefetched = self.sync(self.actor.params), None
     with open(os.path.join(parent, "config.json")) as f:
       parent_p = json.load(f)["rl"]["num_prompts"]

@@ -208,6 +208,7 @@ BAD = [
     row("grpo.py", "train.keep_period", -1, "train.keep_period=-1 must be an integer >= 0"),
     row("grpo.py", "init.branch_step", -2, "init.branch_step=-2 must be an integer >= 0"),
     row("grpo.py", "init.branch_from", MISSING, "has no checkpoints/ folder"),
+    row("grpo.py", "init.branch_optimizer", "warm", "init.branch_optimizer='warm'; known: fresh"),
     row("grpo.py", "init.branch_from", KEPT_2, "keeps the checkpoints of steps [2]",
         also={"init.branch_step": 5}, name="init.branch_step=5"),
     # init
