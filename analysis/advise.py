@@ -227,7 +227,7 @@ def probe_estimates(probe_dir: str, run_dir: str, g: int) -> tuple[list[Estimate
   # moves with the gain it is read at, the seeds' interval alone understates what is known.
   lo, hi, used = p["span_lo"], p["span_hi"], sorted(p["identified_gains"], key=float)
   lr = optim.scale(run.config["optim"], run.batch).lr
-  rate, rule = _probe_rule(probe_dir, step)
+  rate, rule = _probe_rule(probe_dir, step, p)
   top = max(run.batch * GRID ** EXTEND, max(int(b) for b in p["batches"]))
   batches = [int(b) for b in p["batches"]] + [run.batch]
   b = g
@@ -243,14 +243,20 @@ def probe_estimates(probe_dir: str, run_dir: str, g: int) -> tuple[list[Estimate
                f"carried by a B_crit measured on {result['metric']} over short branches")
 
 
-def _probe_rule(probe_dir: str, step: int):
-  """The rate the probe's rule gives a batch (read from one of its branches' config), and the
-  rule in words."""
+def _probe_rule(probe_dir: str, step: int, point: dict):
+  """The rate for a batch, and how it was had: after a rate scan, a probed batch's best rate
+  (the point's `lr`), else the rule the probe's rates were centred on (the middle of its
+  branches' anchors, read from their configs), in words."""
   from analysis import probe, runs as runs_lib
-  configs = (runs_lib.load(d).config for d in probe.branch_dirs(probe_dir))
-  o = next(c for c in configs if c["init"]["branch_step"] == step)["optim"]
-  return (lambda b: optim.scale(o, b).lr,
-          f"the probe's {o['lr_scaling']} rule from {o['lr']:.3g} at B={o['reference_batch']}")
+  configs = [runs_lib.load(d).config["optim"] for d in probe.branch_dirs(probe_dir)
+             if runs_lib.load(d).config["init"]["branch_step"] == step]
+  anchors = sorted({c["lr"] for c in configs})
+  o = dict(configs[0], lr=anchors[len(anchors) // 2])
+  best = {int(b): lr for b, lr in point.get("lr", {}).items()} if len(anchors) > 1 else {}
+  rule = f"the {o['lr_scaling']} rule from {o['lr']:.3g} at B={o['reference_batch']}"
+  rule = (f"the best of the probe's rate scan where it ran, else {rule} (the scan's centre)"
+          if best else f"the probe's {rule[4:]}")
+  return (lambda b: best.get(b, optim.scale(o, b).lr), rule)
 
 
 # --- (b) time per step and the choice ----------------------------------------------------------

@@ -51,32 +51,75 @@ METRIC = "eval/reference_prob"
 SENSITIVITY = (0.25, 0.5, 0.75)
 
 
-def gain_target(curves_by_batch: dict[int, list], gain: float) -> tuple[float, float]:
+def by_rate(curves_by_batch: dict) -> dict[int, dict[float, list]]:
+  """{B: {lr: [curve per seed]}}: a probe's curves by batch and rate. A batch's plain list of
+  curves (one rate, or rates not told) is read as one rate, nan."""
+  out = {}
+  for b, cs in curves_by_batch.items():
+    rates = cs if isinstance(cs, dict) else {math.nan: cs}
+    out[int(b)] = {float(lr): [list(c) for c in v] for lr, v in rates.items()}
+  return out
+
+
+def gain_target(curves_by_batch: dict, gain: float) -> tuple[float, float]:
   """(m0, the value to reach): m0 is the branches' common first value; the value to reach is
-  m0 + gain x the least, over batches, of the median final gain of the batch's seeds."""
+  m0 + gain x the least, over batches, of the median final gain of the batch's seeds (at the
+  batch's rate whose median final gain is the largest, where it ran several)."""
   if not 0 < gain <= 1:
     raise ValueError(f"gain={gain}: must be in (0, 1]")
-  firsts = [c[0][1] for cs in curves_by_batch.values() for c in cs if c]
+  scanned = by_rate(curves_by_batch)
+  firsts = [c[0][1] for rs in scanned.values() for cs in rs.values() for c in cs if c]
   if not firsts:
     raise ValueError("no branch has an evaluation")
   m0 = float(np.median(firsts))
-  least = min(float(np.median([c[-1][1] - m0 for c in cs if c]))
-              for cs in curves_by_batch.values() if any(cs))
+  least = min(max(float(np.median([c[-1][1] - m0 for c in cs if c])) for cs in rs.values()
+                  if any(cs))
+              for rs in scanned.values() if any(any(cs) for cs in rs.values()))
   return m0, m0 + gain * least
 
 
-def estimate(curves_by_batch: dict[int, list], gain: float = 0.5, min_seeds: int = 3,
+def choose_rates(e: dict[int, dict[float, list]], finals: dict[int, dict[float, list]]
+                 ) -> tuple[dict[int, float], list[int]]:
+  """({B: its rate}, [B whose rate is at an edge of its scan]): per batch the study's rule
+  (rlscale/sweep/study.choose: the median over seeds, the rate nearest the minimum of a
+  parabola in log rate, else the fewest median responses); a batch of one rate keeps it."""
+  from rlscale.sweep import study
+  chosen, edge = {}, []
+  for b, rates in e.items():
+    if len(rates) == 1:
+      chosen[b] = next(iter(rates))
+      continue
+    runs = [{"overrides": {"lr": lr}, "final": f,
+             "responses_to_target": v if math.isfinite(v) else None}
+            for lr in rates for v, f in zip(rates[lr], finals[b][lr])]
+    chosen[b], _ = study.choose(runs, "lr")
+    if chosen[b] in (min(rates), max(rates)):
+      edge.append(b)
+  return chosen, edge
+
+
+def estimate(curves_by_batch: dict, gain: float = 0.5, min_seeds: int = 3,
              reps: int = 1000, seed: int = 0) -> dict[str, Any]:
   """B_crit at one branch point from each batch's branch curves [(responses, value), ...] (one
-  per seed, the branch point first). Returns fits.critical_batch's dict (b_crit, its interval,
-  identified, reasons, n seeds per batch) with m0, the target, the E per seed and `spread`, the
-  largest difference between the branches' first values."""
-  curves_by_batch = {int(b): [list(c) for c in cs] for b, cs in curves_by_batch.items()}
-  m0, target = gain_target(curves_by_batch, gain)
-  firsts = [c[0][1] for cs in curves_by_batch.values() for c in cs if c]
+  per seed, the branch point first), either a list per batch (one rate) or {lr: list} per
+  batch (a rate scan: E at each batch is read at its own best rate, `choose_rates`). Returns
+  fits.critical_batch's dict (b_crit, its interval, identified, reasons, n seeds per batch)
+  with m0, the target, the E per seed at each batch's rate, the rates and `spread`, the largest
+  difference between the branches' first values. A batch whose best rate is at the edge of its
+  scan leaves B_crit not identified: its E is the rate's, not the batch's."""
+  scanned = by_rate(curves_by_batch)
+  m0, target = gain_target(scanned, gain)
+  firsts = [c[0][1] for rs in scanned.values() for cs in rs.values() for c in cs if c]
   spread = float(max(firsts) - min(firsts))
-  e = {b: [fits.first_crossing([x for x, _ in c], [y for _, y in c], target) for c in cs]
-       for b, cs in curves_by_batch.items()}
+  cross = lambda c: fits.first_crossing([x for x, _ in c], [y for _, y in c], target)  # noqa: E731
+  e_all = {b: {lr: [cross(c) for c in cs] for lr, cs in rs.items()} for b, rs in scanned.items()}
+  finals = {b: {lr: [c[-1][1] for c in cs] for lr, cs in rs.items()} for b, rs in scanned.items()}
+  chosen, edge = choose_rates(e_all, finals)
+  e = {b: e_all[b][chosen[b]] for b in e_all}
+  rates = dict(lr={str(b): chosen[b] for b in sorted(chosen)}, rate_edge=sorted(edge),
+               rates_per_batch=max(len(rs) for rs in scanned.values()),
+               responses_to_gain_by_rate={str(b): {f"{lr:.6g}": v for lr, v in rs.items()}
+                                          for b, rs in e_all.items()})
   if target <= m0:
     out = dict(batches=sorted(map(float, e)), n=[len(e[b]) for b in sorted(e)], identified=False,
                reasons=[f"a batch made no progress (least median gain {(target - m0) / gain:.3g} "
@@ -93,7 +136,12 @@ def estimate(curves_by_batch: dict[int, list], gain: float = 0.5, min_seeds: int
     out["reasons"].append(f"the branches' first evaluations differ by {spread:.3g}: they did not "
                           "all start from one checkpoint")
     out["identified"] = False
-  return dict(out, m0=m0, target=target, gain=gain, spread=spread,
+  if edge:
+    out["reasons"].append(
+        "the best rate is at the edge of its scan at B = " + ", ".join(map(str, sorted(edge)))
+        + ": E there is the rate's, not the batch's (scan further)")
+    out["identified"] = False
+  return dict(out, m0=m0, target=target, gain=gain, spread=spread, **rates,
               responses_to_gain={str(b): v for b, v in e.items()})
 
 
@@ -144,10 +192,14 @@ def _short(est: dict[str, Any]) -> str:
 
 def text(est: dict[str, Any]) -> str:
   """B_crit with its interval and seeds, or 'not identified (reasons)' and the bound; where
-  the branches ran at a rule's rates, E x lr / B per batch beside it."""
+  the branches ran at a rule's rates, E x lr / B per batch beside it; after a rate scan, the
+  rate each batch's E was read at."""
   rule = est.get("rate_rule")
   per = ("" if not rule else "; E x lr / B per batch " + ", ".join(
       f"{b}: {v:.3g}" for b, v in zip(rule["batches"], rule["e_lr_over_b"])))
+  if est.get("rates_per_batch", 1) > 1:
+    per += (f"; each batch at its best of {est['rates_per_batch']} rates: "
+            + ", ".join(f"{b}: {lr:.3g}" for b, lr in est["lr"].items()))
   return _text(est) + per
 
 
@@ -170,28 +222,27 @@ def branch_dirs(probe_dir: str) -> list[str]:
   return runs_lib.expand([os.path.join(probe_dir, d) for d in steps
                           if os.path.exists(os.path.join(probe_dir, d, "sweep.json"))])
 
-def load(probe_dir: str, metric: str = METRIC) -> dict[int, dict[int, list]]:
-  """{branch step: {B: [curve per finished seed]}} of the probe's finished branches; a curve
-  is [(responses generated since the branch, value)] with the branch point first."""
-  out: dict[int, dict[int, list]] = {}
+def load(probe_dir: str, metric: str = METRIC) -> dict[int, dict[int, dict[float, list]]]:
+  """{branch step: {B: {effective learning rate: [curve per finished seed]}}} of the probe's
+  finished branches; a curve is [(responses generated since the branch, value)] with the
+  branch point first."""
+  from rlscale.rl import optim
+  out: dict[int, dict[int, dict[float, list]]] = {}
   for path in branch_dirs(probe_dir):
     run = runs_lib.load(path)
     step = int(run.config["init"]["branch_step"])
+    lr = float(f"{optim.scale(run.config['optim'], run.batch).lr:.6g}")
     curve = run.curve(metric)
     if curve:
-      out.setdefault(step, {}).setdefault(run.batch, []).append(curve)
+      out.setdefault(step, {}).setdefault(run.batch, {}).setdefault(lr, []).append(curve)
   return out
 
 
-def rates(probe_dir: str) -> dict[int, dict[int, float]]:
-  """{branch step: {B: the effective learning rate its branches ran at}}."""
-  from rlscale.rl import optim
-  out: dict[int, dict[int, float]] = {}
-  for path in branch_dirs(probe_dir):
-    run = runs_lib.load(path)
-    out.setdefault(int(run.config["init"]["branch_step"]), {})[run.batch] = float(
-        optim.scale(run.config["optim"], run.batch).lr)
-  return out
+def single_rates(curves: dict[int, dict[float, list]]) -> dict[int, float]:
+  """{B: its rate} where every batch ran one rate (the rule's); {} after a rate scan."""
+  if any(len(rs) != 1 for rs in curves.values()):
+    return {}
+  return {b: next(iter(rs)) for b, rs in curves.items()}
 
 
 def follows_rule(est: dict[str, Any], lr_by_batch: dict[int, float]) -> dict[str, Any]:
@@ -248,11 +299,10 @@ def analyse(probe_dir: str, parent_dir: str, metric: str = METRIC, gain: float =
             min_seeds: int = 3) -> dict[str, Any]:
   """Every branch point's estimate, the parent's B_simple there and the probe's cost."""
   points = {}
-  lrs = rates(probe_dir)
   for step, curves in sorted(load(probe_dir, metric).items()):
-    est = estimate(curves, gain=gain, min_seeds=min_seeds)
-    est = follows_rule(est, lrs.get(step, {}))
-    others = {g: follows_rule(estimate(curves, gain=g, min_seeds=min_seeds), lrs.get(step, {}))
+    lrs = single_rates(curves)  # a rate scan: each batch at its best rate, E lr / B constant
+    est = follows_rule(estimate(curves, gain=gain, min_seeds=min_seeds), lrs)
+    others = {g: follows_rule(estimate(curves, gain=g, min_seeds=min_seeds), lrs)
               for g in SENSITIVITY if g != gain}
     span = [e for e in [est, *others.values()] if e.get("identified")]  # the advisor's interval
     points[step] = dict(est, **parent_noise(parent_dir, step), text=text(est),

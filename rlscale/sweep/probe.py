@@ -1,17 +1,28 @@
-"""A critical-batch probe: short branches of a run at several batches (launch/cbs_probe.py).
+"""A critical-batch probe: branches of a run at several batches (launch/cbs_probe.py).
 
 From the checkpoint of step S of a run (`init.branch_from`, `init.branch_step`), one branch per
-batch B (P = B / G prompts of the run's G responses) and seed, each a sweep point of
+batch B (P = B / G prompts of the run's G responses), rate and seed, each a sweep point of
 `configs/branch.py:RUN_DIR` (the run's own config) in `<probe dir>/step_<S>/`: resumable,
 listed in that directory's sweep.json, run by the local, Slurm or XManager launcher. Every
-branch generates the same `responses`, with the learning rate its batch gets from the rule
-under test (`optim.lr_scaling`, anchored at the run's batch and rate unless told another
-anchor: the run's own B keeps the run's rate), and scores the held-out set's reference
-responses (eval.reference) at `evals` marks: analysis/probe.py reads the critical batch from
-them.
+branch generates the same `responses` and scores the held-out set's reference responses
+(eval.reference) at `evals` marks: analysis/probe.py reads the critical batch from them.
+
+- Rates: each batch runs `rates` learning rates a factor sqrt(2) apart, centred on the rate
+  the rule under test gives it (`optim.lr_scaling`, anchored at the run's batch and rate unless
+  told another anchor), so that E at each batch is read at that batch's own best rate; with
+  `rates=1`, the rule's rate alone (the report then asks whether E follows the rule).
+- Optimizer state: `optimizer="fresh"` (default) starts each branch's Adam moments empty, as
+  every run's are: the parent's first moment is its recent direction at its own batch, and its
+  second moment (beta2 = 0.99-0.999: 100-1,000 steps of memory, longer than any branch) the
+  size of its own batch's gradient noise, so a branch that kept them would be partly a
+  continuation at the parent's batch. "parent" keeps them (optim.branched).
+- Length: a branch runs at least 1 / (1 - beta1) steps of the largest batch with a fresh state
+  (Adam's start-up, the momentum's memory) and 3 / (1 - beta1) with the parent's (to forget
+  it); by default twice that minimum.
 
 Sizes the branches need are derived, not asked for: the micro-batch ('auto', the batch plan's),
-checkpoints about four times a branch (a killed branch resumes), the evaluation spacing.
+the length, checkpoints about four times a branch (a killed branch resumes), the evaluation
+spacing.
 """
 
 from __future__ import annotations
@@ -25,6 +36,12 @@ from rlscale.config.errors import ConfigError
 
 SWEEP = "cbs_probe"
 RULES = ("none", "sqrt", "linear")
+OPTIMIZER = ("fresh", "parent")  # init.branch_optimizer
+RATE_STEP = math.sqrt(2)  # between the rates a batch scans
+# The shortest branch, in optimizer steps of the largest batch, as a multiple of Adam's first-
+# moment memory 1 / (1 - beta1): with a fresh state, its start-up; with the parent's, enough
+# steps that the parent's momentum has decayed to 0.9^30 = 4%.
+MEMORIES = {"fresh": 1, "parent": 3}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,10 +49,12 @@ class Probe:
   run_dir: str  # the run to branch (its config.json and checkpoints/)
   steps: tuple[int, ...]  # branch points: steps whose checkpoints the run kept
   batches: tuple[int, ...]  # B, responses per optimizer step, each a multiple of G
-  seeds: tuple[int, ...] = (0, 1, 2)
-  responses: int = 0  # per branch; 0: 4 steps of the largest batch
+  seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+  responses: int = 0  # per branch; 0: twice the shortest length (MEMORIES)
   evals: int = 16  # evaluations per branch (and one at the branch point)
-  lr_scaling: str = "sqrt"  # the rule under test: none | sqrt | linear
+  rates: int = 5  # learning rates per batch, RATE_STEP apart, centred on the rule's
+  optimizer: str = "fresh"  # the branches' optimizer state: fresh | parent
+  lr_scaling: str = "sqrt"  # the rule the rates are centred on: none | sqrt | linear
   # The rule's anchor: `lr` at `reference_batch` responses per optimizer step; 0: the run's
   # own B and effective rate (the run's batch then trains at the run's rate).
   lr: float = 0.0
@@ -92,9 +111,16 @@ def check(p: Probe) -> dict:
                   f"G = {g} responses per prompt")
   if len(set(p.seeds)) < 3:
     errors.append(f"--seeds={len(set(p.seeds))}: 3 or more (fewer give no interval)")
-  if p.responses and p.batches and p.responses < 2 * max(p.batches):
-    errors.append(f"--responses={p.responses}: at least 2 steps of the largest batch "
-                  f"({2 * max(p.batches)})")
+  if p.optimizer not in OPTIMIZER:
+    errors.append(f"--optimizer={p.optimizer!r}: one of {', '.join(OPTIMIZER)}")
+  elif p.responses and p.batches and all(b > 0 for b in p.batches):
+    steps = shortest(p, cfg)
+    if p.responses < steps * max(p.batches):
+      errors.append(f"--responses={p.responses}: at least {steps} steps of the largest batch "
+                    f"({steps * max(p.batches)}): {MEMORIES[p.optimizer]} / (1 - beta1) with "
+                    f"the {p.optimizer} optimizer state, beta1 = {_b1(cfg):g}")
+  if not (isinstance(p.rates, int) and p.rates >= 1 and p.rates % 2):
+    errors.append(f"--rates={p.rates}: an odd number >= 1 (the rule's rate in the middle)")
   if p.evals < 2:
     errors.append(f"--evals={p.evals}: 2 or more evaluations per branch")
   if p.lr < 0 or p.reference_batch < 0 or (p.lr > 0) != (p.reference_batch > 0):
@@ -107,18 +133,35 @@ def check(p: Probe) -> dict:
   return cfg
 
 
-def budget(p: Probe) -> int:
-  """Responses per branch: --responses (else 4 steps of the largest batch), rounded up to whole
+def _b1(cfg: dict) -> float:
+  from rlscale.rl import optim as optim_lib
+  parent_b = cfg["rl"]["num_prompts"] * cfg["rl"]["group_size"]
+  return optim_lib.scale(cfg["optim"], parent_b).b1 if "optim" in cfg else 0.9
+
+
+def shortest(p: Probe, cfg: dict) -> int:
+  """The fewest optimizer steps of the largest batch a branch may run: MEMORIES[optimizer] x
+  1 / (1 - beta1) (at least 2)."""
+  return max(2, math.ceil(MEMORIES[p.optimizer] / (1 - _b1(cfg)) - 1e-9))
+
+
+def budget(p: Probe, cfg: dict) -> int:
+  """Responses per branch: --responses (else twice the shortest length), rounded up to whole
   steps of every batch (a run's length is whole steps)."""
   unit = math.lcm(*p.batches)
-  return -(-(p.responses or 4 * max(p.batches)) // unit) * unit
+  return -(-(p.responses or 2 * shortest(p, cfg) * max(p.batches)) // unit) * unit
+
+
+def rate_factors(n: int) -> list[float]:
+  """The factors a batch's rates are of its rule's rate: RATE_STEP^k, k = -(n-1)/2 ... (n-1)/2."""
+  return [RATE_STEP ** (k - (n - 1) // 2) for k in range(n)]
 
 
 def overrides(p: Probe, cfg: dict, step: int) -> list[dict]:
   """The branch points of one step: every batch x seed."""
   g = cfg["rl"]["group_size"]
   parent_b = cfg["rl"]["num_prompts"] * g // cfg["rl"].get("num_minibatches", 1)
-  n = budget(p)
+  n = budget(p, cfg)
   every = max(1, n // p.evals)
   optim = cfg["optim"]
   # The rule under test, anchored at the run's own batch and effective rate: reference_batch
@@ -134,11 +177,14 @@ def overrides(p: Probe, cfg: dict, step: int) -> list[dict]:
   save_every = max(1, round(n / middle / 4))
   out = []
   for b in sorted(set(p.batches)):
-    for seed in p.seeds:
-      out.append({
+    for factor in rate_factors(p.rates):
+      for seed in p.seeds:
+        out.append({
           "init.branch_from": os.path.abspath(p.run_dir), "init.branch_step": step,
+          "init.branch_optimizer": p.optimizer,
           "rl.num_prompts": b // g, "rl.num_minibatches": 1, "rl.microbatch": "auto",
-          "seed": seed, "optim.lr": lr, "optim.lr_scaling": p.lr_scaling, **adam,
+          "seed": seed, "optim.lr": _round(lr * factor), "optim.lr_scaling": p.lr_scaling,
+          **adam,
           "optim.reference_batch": ref,
           "train.total_responses": n,
           "train.eval_every": 0, "train.eval_every_responses": every,
@@ -146,8 +192,13 @@ def overrides(p: Probe, cfg: dict, step: int) -> list[dict]:
           "eval.reference": True, "eval.greedy": False, "eval.sampled": False,
           "target.metric": "eval/reference_prob", "target.value": 1.0, "target.stop": False,
           "noise.enabled": False,
-      })
+        })
   return out
+
+
+def _round(lr: float) -> float:
+  """A rate to 6 significant figures: the points' names and configs stay readable."""
+  return float(f"{lr:.6g}")
 
 
 def points(p: Probe, cfg: dict, step: int):
@@ -173,10 +224,12 @@ def run(p: Probe, kind: str = "local", parallel: int = 1, command: list[str] | N
   from rlscale.sweep import manifest as mf
   from rlscale.trainer.preemption import EXIT_REQUEUE
   cfg = check(p)
-  n = budget(p)
-  lines, status = [f"{n} responses per branch"
-                   + (f" (--responses={p.responses} rounded up to whole steps of every batch)"
-                      if p.responses and n != p.responses else "")], 0
+  n = budget(p, cfg)
+  chose = (f"--responses={p.responses} rounded up to whole steps of every batch"
+           if p.responses else f"twice the shortest, {shortest(p, cfg)} steps of the largest "
+           f"batch with the {p.optimizer} optimizer state")
+  lines, status = [f"{n} responses per branch ({chose}); {p.rates} rate(s) per batch, "
+                   f"{len(p.batches) * p.rates * len(p.seeds)} branches per step"], 0
   for step in p.steps:
     pts = points(p, cfg, step)
     m = mf.open_sweep(p.step_dir(step), f"{SWEEP}_at_{step}", p.config, kind, pts)

@@ -3,6 +3,7 @@ write the probe's report (analysis/probe.py) in `<probe dir>/report/`.
 
     python launch/cbs_probe.py RUN_DIR --at=10,20,30 --batches=8,16,32,64 --seeds=3
     python launch/cbs_probe.py RUN_DIR ... --lr=1e-4 --reference_batch=16   # another anchor
+    python launch/cbs_probe.py RUN_DIR ... --rates=1    # the rule's rate alone: does E follow it?
 
 Run the same command again to continue: done branches are skipped, killed ones resume from
 their checkpoints. Exit status as launch/sweep.py's: 0 done, 1 a branch failed, 75 stopped,
@@ -33,13 +34,21 @@ def define_flags() -> None:
                            "train.keep_period)"),
       batches=flags.DEFINE_list("batches", None, "B of the branches, responses per optimizer "
                                 "step (multiples of the run's G); 3 or more"),
-      seeds=flags.DEFINE_integer("seeds", 3, "seeds per batch (0 ... n-1)"),
-      responses=flags.DEFINE_integer("responses", 0, "responses each branch generates (0: 4 "
-                                     "steps of the largest batch)"),
+      seeds=flags.DEFINE_integer("seeds", 5, "seeds per batch (0 ... n-1)"),
+      responses=flags.DEFINE_integer("responses", 0, "responses each branch generates (0: "
+                                     "twice the shortest: 2 / (1 - beta1) steps of the largest "
+                                     "batch with a fresh optimizer state, 6 / (1 - beta1) with "
+                                     "the parent's)"),
+      rates=flags.DEFINE_integer("rates", 5, "learning rates per batch, a factor sqrt(2) "
+                                 "apart, centred on the rule's (odd; 1: the rule's alone)"),
+      optimizer=flags.DEFINE_enum("optimizer", "fresh", ["fresh", "parent"],
+                                  "the branches' Adam moments: fresh (empty, as a run's start) "
+                                  "or the parent's"),
       evals=flags.DEFINE_integer("evals", 16, "evaluations of the reference responses per "
                                  "branch"),
       lr_scaling=flags.DEFINE_enum("lr_scaling", "sqrt", ["none", "sqrt", "linear"],
-                                   "the learning-rate rule under test, from the run's B and lr"),
+                                   "the learning-rate rule the rates are centred on, from the "
+                                   "run's B and lr"),
       lr=flags.DEFINE_float("lr", 0.0, "the rule's anchor: this rate at --reference_batch "
                             "(0: the run's rate at its own batch)"),
       reference_batch=flags.DEFINE_integer("reference_batch", 0, "the rule's anchor batch, in "
@@ -73,7 +82,8 @@ def run(argv) -> int:
   v = {k: holder.value for k, holder in _FLAGS.items()}
   p = probe.Probe(run_dir=argv[1], steps=_ints("at", v["at"]),
                   batches=_ints("batches", v["batches"]), seeds=tuple(range(v["seeds"])),
-                  responses=v["responses"], evals=v["evals"], lr_scaling=v["lr_scaling"],
+                  responses=v["responses"], evals=v["evals"], rates=v["rates"],
+                  optimizer=v["optimizer"], lr_scaling=v["lr_scaling"],
                   lr=v["lr"], reference_batch=v["reference_batch"],
                   probe_dir=v["workdir"] or "")
   command = shlex.split(v["run_command"]) if v["run_command"] else None

@@ -36,14 +36,17 @@ def test_branches_start_from_the_kept_step_and_a_killed_one_resumes(tmp_path):
                   f"--workdir={parent}", f"--config.init.cache_dir={cache}",
                   "--config.train.num_steps=4", "--config.train.checkpoint_every=1",
                   "--config.train.keep_period=2", "--config.train.eval_every=1",
-                  "--config.eval.reference=True", "--config.rl.entropy_coef=0.05"],
+                  "--config.eval.reference=True", "--config.rl.entropy_coef=0.05",
+                  # Adam's b1 = 0.5: a branch may be as short as 2 steps of the largest batch
+                  "--config.optim.b1=0.5"],
                  check=True, env=env, cwd=tmp_path, capture_output=True, timeout=600)
   assert sorted(os.listdir(os.path.join(parent, "checkpoints"))) == ["2", "3", "4"]
   parent_evals = _evals(parent)
   assert len(set(parent_evals.values())) == 5  # steps 0-4: the weights moved every step
 
   argv = [sys.executable, os.path.join(REPO, "launch", "cbs_probe.py"), parent, "--at=2",
-          "--batches=4,8,16", "--seeds=3", "--responses=32", "--evals=2", "--parallel=2"]
+          "--batches=4,8,16", "--seeds=3", "--responses=32", "--evals=2", "--parallel=2",
+          "--rates=1"]
   # First launch: stopped (SIGTERM, as a scheduler preempts) once a branch has saved a step.
   first = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)

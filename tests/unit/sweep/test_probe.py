@@ -35,7 +35,12 @@ def _probe(run, **kw):
     (dict(batches=(8, 16)), "give 3 or more batches"),
     (dict(batches=(8, 12, 16)), "--batches: 12 not a positive multiple of the run's G = 8"),
     (dict(seeds=(0, 1)), "--seeds=2: 3 or more"),
-    (dict(responses=100), "--responses=100: at least 2 steps of the largest batch (128)"),
+    (dict(responses=600), "--responses=600: at least 10 steps of the largest batch (640): "
+     "1 / (1 - beta1) with the fresh optimizer state, beta1 = 0.9"),
+    (dict(responses=1000, optimizer="parent"), "--responses=1000: at least 30 steps of the "
+     "largest batch (1920): 3 / (1 - beta1) with the parent optimizer state"),
+    (dict(optimizer="warm"), "--optimizer='warm': one of fresh, parent"),
+    (dict(rates=2), "--rates=2: an odd number >= 1"),
     (dict(evals=1), "--evals=1"),
     (dict(lr=1e-4), "give both"),
     (dict(lr_scaling="cubic"), "--lr_scaling='cubic'"),
@@ -61,7 +66,7 @@ def test_refuses_an_sft_run_and_a_folder_without_a_config(tmp_path):
 
 def test_each_branch_gets_its_batch_the_rules_rate_and_the_same_budget(tmp_path):
   run = _run_dir(tmp_path)  # B = 256 at lr 1e-4 (no scaling in the run)
-  p = _probe(run, seeds=(0, 1, 2))
+  p = _probe(run, seeds=(0, 1, 2), rates=1)
   cfg = probe.check(p)
   pts = probe.overrides(p, cfg, 4)
   assert len(pts) == 4 * 3
@@ -70,14 +75,28 @@ def test_each_branch_gets_its_batch_the_rules_rate_and_the_same_budget(tmp_path)
   for o in pts:  # sqrt rule anchored at the run: B = 256 would keep 1e-4
     assert o["optim.lr"] == 1e-4 and o["optim.reference_batch"] == 256
     assert o["optim.lr_scaling"] == "sqrt"
-    assert o["train.total_responses"] == 256  # 4 steps of the largest batch
-    assert o["train.eval_every_responses"] == 16  # 16 evaluations
+    assert o["train.total_responses"] == 1280  # 2 x 1 / (1 - 0.9) steps of the largest batch
+    assert o["train.eval_every_responses"] == 80  # 16 evaluations
     assert o["init.branch_step"] == 4 and o["init.branch_from"] == os.path.abspath(run)
+    assert o["init.branch_optimizer"] == "fresh"
     assert o["eval.reference"] is True and o["rl.microbatch"] == "auto"
   # One saving interval: about four saves in a branch of the batches' geometric middle (22.6).
-  assert {o["train.checkpoint_every"] for o in pts} == {round(256 / math.sqrt(8 * 64) / 4)}
-  other = probe.overrides(_probe(run, lr=2e-4, reference_batch=16), cfg, 4)
+  assert {o["train.checkpoint_every"] for o in pts} == {round(1280 / math.sqrt(8 * 64) / 4)}
+  other = probe.overrides(_probe(run, lr=2e-4, reference_batch=16, rates=1), cfg, 4)
   assert {(o["optim.lr"], o["optim.reference_batch"]) for o in other} == {(2e-4, 16)}
+
+
+def test_each_batch_scans_rates_a_factor_sqrt2_apart_centred_on_the_rule(tmp_path):
+  run = _run_dir(tmp_path)
+  p = _probe(run, seeds=(0, 1, 2), rates=5, lr=1e-4, reference_batch=16, optimizer="parent")
+  pts = probe.overrides(p, probe.check(p), 4)
+  assert len(pts) == 4 * 5 * 3
+  for b in (8, 16, 32, 64):
+    anchors = sorted({o["optim.lr"] for o in pts if o["rl.num_prompts"] == b // 8})
+    assert anchors == pytest.approx([1e-4 * 2 ** (k / 2) for k in (-2, -1, 0, 1, 2)], rel=5e-6)  # 6 figures
+  assert {o["init.branch_optimizer"] for o in pts} == {"parent"}
+  assert {o["train.total_responses"] for o in pts} == {2 * 30 * 64}  # 2 x 3 / (1 - beta1)
+  assert probe.rate_factors(1) == [1.0] and probe.rate_factors(3)[1] == 1.0
 
 
 def test_the_branches_are_points_of_the_runs_own_config(tmp_path, tiny_sft_base):
@@ -88,7 +107,7 @@ def test_the_branches_are_points_of_the_runs_own_config(tmp_path, tiny_sft_base)
   run = tmp_path / "run"
   (run / "checkpoints" / "2").mkdir(parents=True)
   experiment.prepare_workdir(str(run), cfg)
-  p = probe.Probe(run_dir=str(run), steps=(2,), batches=(4, 8, 16), seeds=(0, 1, 2))
+  p = probe.Probe(run_dir=str(run), steps=(2,), batches=(4, 8, 16), seeds=(0, 1, 2), rates=1)
   pts = probe.points(p, probe.check(p), 2)
   assert [pt.name for pt in pts[:3]] == ["num_prompts=1,seed=0", "num_prompts=1,seed=1",
                                         "num_prompts=1,seed=2"]
@@ -100,6 +119,10 @@ def test_the_branches_are_points_of_the_runs_own_config(tmp_path, tiny_sft_base)
 
 def test_the_budget_is_whole_steps_of_every_batch(tmp_path):
   run = _run_dir(tmp_path)
-  assert probe.budget(_probe(run, responses=160)) == 192  # 3 steps of 64
-  assert probe.budget(_probe(run)) == 256  # default: 4 steps of the largest
-  assert probe.budget(_probe(run, batches=(8, 24, 40), responses=200)) == 240  # lcm 120
+  cfg = probe.parent_config(run)
+  assert probe.budget(_probe(run, responses=660), cfg) == 704  # 11 steps of 64
+  assert probe.budget(_probe(run), cfg) == 1280  # default: 2 x 10 steps of the largest
+  assert probe.budget(_probe(run, optimizer="parent"), cfg) == 3840  # 2 x 30
+  assert probe.budget(_probe(run, batches=(8, 24, 40), responses=500), cfg) == 600  # lcm 120
+  cfg["optim"]["b1"] = 0.5  # a short memory: 2 steps at least, 4 by default
+  assert probe.budget(_probe(run), cfg) == 4 * 64
