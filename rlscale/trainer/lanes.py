@@ -426,37 +426,78 @@ class LaneView:
     return out
 
 
+# A group of at least REGROUP_MIN lanes whose running lanes fall to half of it or fewer (runs
+# ending at their targets) re-forms with the running ones alone: the stacked computation
+# stops carrying the stopped lanes. Each re-forming costs a save and a compile; a lane's
+# numbers after it are its run's within the lanes' tolerance (the program is compiled for
+# another lane count), and the same on every resume (`_members` replays the re-formings).
+REGROUP_MIN = 4
+
+
+def _regroups(group: int, running: int) -> bool:
+  return group >= REGROUP_MIN and 0 < running <= group // 2
+
+
+def _members(stops: list[int | None], restored: int, last_step: int) -> list[int]:
+  """The lanes (positions in `stops`) of the group that runs the steps after `restored`: the
+  re-formings replayed from each stopped lane's stop step (None: still running), as `run`
+  made them."""
+  members, running = list(range(len(stops))), set(range(len(stops)))
+  for step in sorted({s for s in stops if s is not None and s <= restored}):
+    running -= {k for k, s in enumerate(stops) if s == step}
+    if step < last_step and _regroups(len(members), len(running)):
+      members = sorted(running)
+  return members
+
+
 def run(runs: list[resolved.Resolved]) -> list[dict]:
   """Train the runs side by side, each in its run directory; their summaries. A lane whose
   run ends at its target (target.stop) writes its summary and policy there and is no longer
-  stepped (the stacked computation still carries it); the group ends with its last lane."""
+  stepped; the stacked computation carries it until the group re-forms (REGROUP_MIN); the
+  group ends with its last lane."""
   preemption.loop_started()
-  shared, loops = _build(runs)
+  summaries: list[dict | None] = [None] * len(runs)
+  members = list(range(len(runs)))
+  while members:
+    members = _run_group(runs, members, summaries)
+  return summaries
+
+
+def _run_group(runs: list[resolved.Resolved], members: list[int],
+               summaries: list[dict | None]) -> list[int]:
+  """Run the lanes `members` of `runs` as one group, writing each finished lane's summary in
+  `summaries`; the members of the group to form next ([] when every lane has ended)."""
+  group = [runs[i] for i in members]
+  shared, loops = _build(group)
   start, starts, done, stale = _restore(loops)
   if stale:  # a running lane saved, another never did: the running lanes anew, from step 0
     for loop in loops:
       loop.ckpt.close()
-    shared, loops = _build(runs)
+    shared, loops = _build(group)
     starts = [loop.restore() if d else 0 for loop, d in zip(loops, done)]
   shared.load_all(fresh={k for k, s in enumerate(starts) if not s})
-  summaries: list[dict | None] = [None] * len(loops)
+  ended: list[dict | None] = [None] * len(loops)
   closed: set[int] = set()
+  last = shared.plan.num_steps
 
   def end_stopped(pendings):  # a lane at its stop: its summary and policy of this step
     for k, loop in enumerate(loops):
-      if summaries[k] is None and k not in closed and loop.stopped():
+      if ended[k] is None and k not in closed and loop.stopped():
         loop.flush(pendings[k])
         closed.add(k)
         loop.close()
-        summaries[k] = loop.trainer.finish(*loop.result())
+        ended[k] = loop.trainer.finish(*loop.result())
 
   try:
     for loop, s in zip(loops, starts):
       loop.open(s)
     pendings: list[Pending | None] = [None] * len(loops)
     end_stopped(pendings)  # restored at its stop
-    for step in range(start + 1, shared.plan.num_steps + 1):
-      live = [k for k, s in enumerate(summaries) if s is None]
+    keep = _members([starts[k] if done[k] else None for k in range(len(loops))], start, last)
+    if len(keep) < len(loops):  # a resume after the group had re-formed: as it was
+      return _handed(members, keep, ended, summaries)
+    for step in range(start + 1, last + 1):
+      live = [k for k, s in enumerate(ended) if s is None]
       if not live:
         break
       if preemption.requested():
@@ -465,15 +506,32 @@ def run(runs: list[resolved.Resolved]) -> list[dict]:
       for k in live:
         pendings[k] = loops[k].step(step, pendings[k])
       end_stopped(pendings)
-    for k, s in enumerate(summaries):
+      live = [k for k, s in enumerate(ended) if s is None]
+      if step < last and _regroups(len(loops), len(live)):
+        for k in live:
+          loops[k].save_in_flight(pendings[k], why=f"{len(live)} of {len(loops)} lanes running: "
+                                  "the group re-forms with them")
+        return _handed(members, live, ended, summaries)
+    for k, s in enumerate(ended):
       if s is None:
         loops[k].flush(pendings[k])
   finally:
     for k, loop in enumerate(loops):
       if k not in closed:
         loop.close()
-  return [s if s is not None else loop.trainer.finish(*loop.result())
-          for s, loop in zip(summaries, loops)]
+  for k, loop in enumerate(loops):
+    summaries[members[k]] = ended[k] if ended[k] is not None else loop.trainer.finish(
+        *loop.result())
+  return []
+
+
+def _handed(members: list[int], keep: list[int], ended: list[dict | None],
+            summaries: list[dict | None]) -> list[int]:
+  """The ended lanes' summaries into `summaries`; the members kept for the next group."""
+  for k, s in enumerate(ended):
+    if s is not None:
+      summaries[members[k]] = s
+  return [members[k] for k in keep]
 
 
 def _build(runs: list[resolved.Resolved]) -> tuple[LaneRuns, list[Loop]]:

@@ -356,14 +356,15 @@ class Loop:
     """Finish the step in flight, save it, and stop with preemption.Preempted."""
     raise preemption.Preempted(self.save_in_flight(pending))
 
-  def save_in_flight(self, pending: Pending | None) -> int:
-    """Finish the step in flight and save it (preemption); its step."""
+  def save_in_flight(self, pending: Pending | None, why: str = "preempted") -> int:
+    """Finish the step in flight and save it (preemption, or runs side by side re-forming
+    their group); its step."""
     if pending is not None:
       self.finish(pending)  # saves it when due
     step = self.counters["step"]
     if step and self.ckpt.latest_step() != step:
       self.save(step)
-    logging.warning("preempted: saved step %d in %s", step, self.workdir)
+    logging.warning("%s: saved step %d in %s", why, step, self.workdir)
     return step
 
   def _check_target(self) -> None:

@@ -257,3 +257,89 @@ def test_each_lane_stops_at_its_own_target(side_by_side, tmp_path, tiny_sft_base
   assert f"resumed from the checkpoint of step {back}" in p.stderr
   assert "set aside" not in p.stderr
   check()
+
+
+def test_members_replay_the_regroups():
+  from rlscale.trainer import lanes
+  # 10 lanes: 5 stop by step 6 (re-form with the other 5), 3 more by 9 (re-form with 2).
+  stops = [4, 5, 5, 6, 6, 8, 9, 9, None, None]
+  assert lanes._members(stops, 5, 20) == list(range(10))  # 7 of 10 running
+  assert lanes._members(stops, 6, 20) == [5, 6, 7, 8, 9]
+  assert lanes._members(stops, 8, 20) == [5, 6, 7, 8, 9]  # 4 of 5 running
+  assert lanes._members(stops, 9, 20) == [8, 9]
+  assert lanes._members(stops, 12, 20) == [8, 9]  # a group of 2 does not re-form
+  assert lanes._members(stops, 6, 6) == list(range(10))  # not at the last step
+  assert lanes._members([2, 2, 2, None], 3, 20) == [3]
+  assert lanes._members([2, None, None], 3, 20) == [0, 1, 2]  # fewer than REGROUP_MIN
+  assert lanes._members([2, 2, 2, 2], 3, 20) == [0, 1, 2, 3]  # nothing left running
+
+
+@pytest.mark.slow(seconds=240)
+def test_a_group_re_forms_without_its_stopped_lanes_and_resumes_so(tmp_path, tiny_sft_base):
+  """Four lanes stopping at their targets apart: once two have stopped, the two running on
+  re-form as a group of their own. Every lane's rows equal the unbroken group's up to the
+  re-forming (the stopped lanes' all the way) and agree within the lanes' tolerance after it
+  (another program); a lane preempted after it resumes to the very rows it had."""
+  from rlscale.trainer import lanes
+  root = tmp_path
+  base = f"--config.init.cache_dir={tiny_sft_base}"
+  common = ["--seeds=0,1,2,3", base, "--config.train.eval_every=1"]
+  p = _run(common + [f"--workdir={root}/whole/seed={{seed}}"], root, steps=10)
+  assert p.returncode == 0, p.stderr[-3000:]
+  whole = [_rows(root / "whole" / f"seed={s}" / "metrics.jsonl") for s in range(4)]
+
+  def stops(metric, value):  # each lane's stop step (margin 0: its first evaluation past it)
+    return [next((r["step"] for r in rows if metric in r and r[metric] >= value), None)
+            for rows in whole]
+
+  def regroup(st):  # the step the group re-forms at, and who runs on
+    for step in range(1, 10):
+      keep = lanes._members([s if s is not None and s <= step else None for s in st], step, 10)
+      if len(keep) < 4:
+        return step, keep
+    return None, None
+
+  options = []
+  for metric in ("eval/reward_sampled", "eval/accuracy_sampled", "eval/reward_greedy"):
+    for value in sorted({r[metric] for rows in whole for r in rows if metric in r}):
+      st = stops(metric, value)
+      at, keep = regroup(st)
+      if at and all(s is None or s >= 1 for s in st) and all(
+          s is None or s > at for s in (st[k] for k in keep)):
+        options.append((metric, value, st, at, keep))
+  assert options, "no target stops two lanes before the others"
+  metric, value, st, at, keep = options[0]
+  args = common + [f"--workdir={root}/stop/seed={{seed}}", f"--config.target.metric={metric}",
+                   f"--config.target.value={value}", "--config.target.stop=True",
+                   "--config.train.keep_checkpoints=10"]
+  p = _run(args, root, steps=10)
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "2 of 4 lanes running: the group re-forms with them" in p.stderr or \
+      f"{len(keep)} of 4 lanes running" in p.stderr
+  got = [_rows(root / "stop" / f"seed={s}" / "metrics.jsonl") for s in range(4)]
+  for s in range(4):
+    end = st[s] if st[s] is not None else 10
+    assert [r["step"] for r in got[s]] == list(range(end + 1)), (s, st)
+    for a, b in zip(got[s], whole[s]):
+      a, b = _numbers(a), _numbers(b)
+      if a["step"] <= at:
+        assert a == b, (s, a["step"])
+      else:
+        assert s in keep
+        for k in a:
+          if isinstance(a[k], (int, float)) and not isinstance(a[k], bool):
+            assert a[k] == pytest.approx(b[k], rel=LANE_RTOL, abs=LANE_ATOL), (s, a["step"], k)
+  # The latest lane preempted after the re-forming: its checkpoints past the re-forming and its
+  # summary gone. The rerun replays the re-forming and ends with the same rows.
+  late = max(keep, key=lambda k: st[k] if st[k] is not None else 11)
+  folder = root / "stop" / f"seed={late}"
+  import shutil
+  for c in (folder / "checkpoints").iterdir():
+    if c.name.isdigit() and int(c.name) > at:
+      shutil.rmtree(c)
+  (folder / "summary.json").unlink()
+  p = _run(args, root, steps=10)
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert f"resumed from the checkpoint of step {at}" in p.stderr
+  assert [_numbers(r) for r in _rows(folder / "metrics.jsonl")] == [
+      _numbers(r) for r in got[late]]
