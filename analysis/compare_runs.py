@@ -2,7 +2,8 @@
 target, as report.py measures them, without a study around them.
 
     python analysis/compare_runs.py runs/p16 runs/p64 --reference runs/p16 [--plot curves.png]
-    python analysis/compare_runs.py runs/bi --only='seed=0$' --reference='runs/bi/p=64,seed=0'
+    python analysis/compare_runs.py runs/bi --only='lr_scaling=sqrt,seed=0$' \\
+        --reference='runs/bi/p=64,lr_scaling=sqrt,seed=0'
     python analysis/compare_runs.py runs/ds --x trained   # responses that entered an update
 
 For each run: B (responses per optimizer step, also in prompts; rlscale/plan/batch.py), effective lr,
