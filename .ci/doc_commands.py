@@ -239,10 +239,6 @@ RULES = [
          flag("only", DS_POINTS), why="4 points of the tiny sweep"),
     rule(r"launch/study\.py ", config_arg("tiny", name="study"), timeout=900,
          why="the study's tiny variant: every stage, 2 verdict seeds"),
-    rule(r"launch/cbs_probe\.py .*--optimizer=parent", TINY_PROBE,
-         known="docs/probe.md: this second probe of runs/cbs/ref writes the first one's "
-               "runs/cbs/ref/probe/step_S with other branches and is refused ('use another "
-               "--workdir'); fix: give it --workdir=runs/cbs/ref/probe_parent"),
     rule(r"launch/cbs_probe\.py ", TINY_PROBE,
          why="the run's kept step 4; B = 4, 8, 12 (G = 4), one rate, 3 seeds (the fewest "
              "allowed), 36 responses (48: whole steps of each B)"),
