@@ -6,7 +6,7 @@
     python .ci/doc_commands.py --only=REGEX --keep   # some of them; keep the scratch and logs
 
 .ci/run runs it with the python of a fresh venv holding only `pip install -e .` first on PATH:
-`python`, `rlscale` and `rlscale-report` in the commands are that install's. Standard library
+`python` and `rlscale` in the commands are that install's. Standard library
 only, so that it runs before (and without) the package.
 
 - extract(): the command lines of the fenced shell blocks (```bash, ```sh, unlabeled) of
@@ -352,11 +352,16 @@ def plan(commands: list[Command], root: str) -> list[Job]:
   return jobs
 
 
-def start(j: Job, root: str) -> None:
+def start(j: Job, root: str) -> bool:
+  """Starts j's process; False (j failed) when its fixtures cannot be made."""
   j.tiny = j.rule.tiny(j.command.argv, root)  # again: found() sees what the earlier ones wrote
   env = environment(root, j.rule.devices)
-  for name in j.rule.needs:
-    make_fixture(name, root, env)
+  try:
+    for name in j.rule.needs:
+      make_fixture(name, root, env)
+  except subprocess.CalledProcessError as e:
+    j.status, j.note = "FAIL", f"making its {name}: {e.stderr.decode()[-300:]}"
+    return False
   j.log = os.path.join(root, "logs", f"{j.i:02d}.log")
   with open(j.log, "w") as f:
     f.write(f"# {j.command.where}: {j.command.text}\n# tiny: {shlex.join(j.tiny)}\n")
@@ -364,6 +369,7 @@ def start(j: Job, root: str) -> None:
     j.t0 = time.time()
     j.proc = subprocess.Popen(j.tiny, cwd=os.path.join(root, j.rule.cwd), env=env, stdout=f,
                               stderr=subprocess.STDOUT, start_new_session=True)
+  return True
 
 
 def finished(j: Job) -> bool:
@@ -407,8 +413,7 @@ def run_all(jobs: list[Job], root: str, workers: int, report) -> None:
           if j.same_as:
             j.status = j.same_as.status
             j.note = f"the same tiny form as {j.same_as.command.where}: not run again"
-          else:
-            start(j, root)
+          elif start(j, root):
             running.append(j)
       running = [j for j in running if not finished(j)]
       while shown < len(jobs) and jobs[shown].status:
