@@ -248,8 +248,8 @@ def _probe_rule(probe_dir: str, step: int, point: dict):
   (the point's `lr`), else the rule the probe's rates were centred on (the middle of its
   branches' anchors, read from their configs), in words."""
   from analysis import probe, runs as runs_lib
-  configs = [runs_lib.load(d).config["optim"] for d in probe.branch_dirs(probe_dir)
-             if runs_lib.load(d).config["init"]["branch_step"] == step]
+  configs = [c["optim"] for c in (runs_lib.load(d).config for d in probe.branch_dirs(probe_dir))
+             if c["init"]["branch_step"] == step]
   anchors = sorted({c["lr"] for c in configs})
   o = dict(configs[0], lr=anchors[len(anchors) // 2])
   best = {int(b): lr for b, lr in point.get("lr", {}).items()} if len(anchors) > 1 else {}

@@ -227,11 +227,12 @@ def load(probe_dir: str, metric: str = METRIC) -> dict[int, dict[int, dict[float
   finished branches; a curve is [(responses generated since the branch, value)] with the
   branch point first."""
   from rlscale.rl import optim
+  from rlscale.sweep.probe import round_rate
   out: dict[int, dict[int, dict[float, list]]] = {}
   for path in branch_dirs(probe_dir):
     run = runs_lib.load(path)
     step = int(run.config["init"]["branch_step"])
-    lr = float(f"{optim.scale(run.config['optim'], run.batch).lr:.6g}")
+    lr = round_rate(optim.scale(run.config["optim"], run.batch).lr)
     curve = run.curve(metric)
     if curve:
       out.setdefault(step, {}).setdefault(run.batch, {}).setdefault(lr, []).append(curve)

@@ -183,7 +183,7 @@ def overrides(p: Probe, cfg: dict, step: int) -> list[dict]:
           "init.branch_from": os.path.abspath(p.run_dir), "init.branch_step": step,
           "init.branch_optimizer": p.optimizer,
           "rl.num_prompts": b // g, "rl.num_minibatches": 1, "rl.microbatch": "auto",
-          "seed": seed, "optim.lr": _round(lr * factor), "optim.lr_scaling": p.lr_scaling,
+          "seed": seed, "optim.lr": round_rate(lr * factor), "optim.lr_scaling": p.lr_scaling,
           **adam,
           "optim.reference_batch": ref,
           "train.total_responses": n,
@@ -196,8 +196,9 @@ def overrides(p: Probe, cfg: dict, step: int) -> list[dict]:
   return out
 
 
-def _round(lr: float) -> float:
-  """A rate to 6 significant figures: the points' names and configs stay readable."""
+def round_rate(lr: float) -> float:
+  """A rate to 6 significant figures: the points' names and configs stay readable, and the
+  report groups branches by it."""
   return float(f"{lr:.6g}")
 
 

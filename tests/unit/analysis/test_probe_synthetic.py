@@ -55,7 +55,7 @@ def _run(problem, theta, state, cfg, points) -> dict:
     b = o["rl.num_prompts"] * G
     opt = dict(cfg["optim"], lr=o["optim.lr"], lr_scaling=o["optim.lr_scaling"],
                reference_batch=o["optim.reference_batch"])
-    lr = float(f"{optim.scale(opt, b).lr:.6g}")
+    lr = probe.round_rate(optim.scale(opt, b).lr)
     key = (b, lr, o["train.total_responses"], o["train.eval_every_responses"],
            o["init.branch_optimizer"])
     groups.setdefault(key, []).append(o["seed"])
