@@ -170,6 +170,14 @@ def config_hash(cfg: ml_collections.ConfigDict, drop: tuple[str, ...] = ()) -> s
 FREE_TO_CHANGE = ("train.log_every", "train.tensorboard", "train.async_checkpoint",
                   "train.shared_prompt", "train.pack_responses", "rollout.decode_chunk")
 
+
+def _inert(key: str, old: dict, new: dict) -> bool:
+  """Whether `key` changes no number in either run: how a branch starts its optimizer, in a
+  run that is no branch (an old run reads "parent", today's default is "fresh")."""
+  return (key == "init.branch_optimizer" and not old.get("init.branch_from")
+          and not new.get("init.branch_from"))
+
+
 def _has_checkpoint(workdir: str) -> bool:
   folder = os.path.join(workdir, "checkpoints")
   return os.path.isdir(folder) and any(n.isdigit() for n in os.listdir(folder))
@@ -192,7 +200,8 @@ def check_resume(workdir: str, cfg: ml_collections.ConfigDict,
   new = defaults.flat(json.loads(cfg.to_json_best_effort()))
   changed = [f"{k}: {old.get(k, '(absent)')!r} -> {new.get(k, '(absent)')!r}"
              for k in sorted(set(old) | set(new))
-             if old.get(k) != new.get(k) and k not in FREE_TO_CHANGE + tuple(allow)]
+             if old.get(k) != new.get(k) and k not in FREE_TO_CHANGE + tuple(allow)
+             and not _inert(k, old, new)]
   if changed:
     from rlscale.config.errors import ConfigError
     raise ConfigError(f"{workdir} holds checkpoints of a run with another config: "

@@ -140,9 +140,14 @@ class Trained:
         # Rows without loss (dynamic sampling's holes): the sizes the gradients were taken on.
         small, big = 1.0 / metrics["noise/inv_rows_small"], metrics["noise/rows_big"]
       if measured and small < big:
-        g2, trace = noise_scale.estimates(metrics["noise/grad_sq_small"],
-                                          metrics["noise/grad_sq_big"], small / per, big / per)
+        raw = {"grad_sq_small": metrics["noise/grad_sq_small"], "b_small": small / per,
+               "grad_sq_big": metrics["noise/grad_sq_big"], "b_big": big / per}
+        g2, trace = noise_scale.estimates(raw["grad_sq_small"], raw["grad_sq_big"],
+                                          raw["b_small"], raw["b_big"])
         out.update(noise[unit].update(g2, trace))
+        # The measured squared norms and the sizes they were taken at: the estimates are
+        # differences of the norms, so these say how much a norm's last bits can move them.
+        out.update({f"{noise[unit].prefix}/{k}": float(v) for k, v in raw.items()})
       else:  # fewer than two micro-batches held loss: no estimate this step
         out.update(noise[unit].current())
       other = "responses" if unit == "prompts" else "prompts"

@@ -132,3 +132,28 @@ def test_a_run_from_before_an_added_field_resumes_with_its_old_behaviour(tmp_pat
   cfg.rollout.overlap = True
   with pytest.raises(ConfigError, match=r"rollout.overlap: False -> True"):
     experiment.check_resume(str(tmp_path), cfg)
+
+
+def test_how_a_branch_starts_its_optimizer_is_asked_only_of_branches(tmp_path):
+  """A run from before init.branch_optimizer reads "parent"; today's default is "fresh". A run
+  that is no branch resumes without asking (the field changes none of its numbers); a branch
+  is refused, naming the field."""
+  import json
+  from rlscale.resolve import experiment
+  from rlscale.config.errors import ConfigError
+  cfg = config_files.load(os.path.join(REPO, "configs", "grpo.py:tiny"))
+  assert cfg.init.branch_optimizer == "fresh"
+  for branch_from in ("", "runs/parent"):
+    cfg.init.branch_from = branch_from
+    experiment.prepare_workdir(str(tmp_path), cfg)
+    with open(tmp_path / "config.json") as f:
+      old = json.load(f)
+    del old["init"]["branch_optimizer"]
+    with open(tmp_path / "config.json", "w") as f:
+      json.dump(old, f)
+    os.makedirs(tmp_path / "checkpoints" / "2", exist_ok=True)
+    if not branch_from:
+      experiment.check_resume(str(tmp_path), cfg)
+    else:
+      with pytest.raises(ConfigError, match=r"init.branch_optimizer: 'parent' -> 'fresh'"):
+        experiment.check_resume(str(tmp_path), cfg)
