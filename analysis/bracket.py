@@ -101,11 +101,14 @@ def describe(x: int, y: int | None, batches: list[int], broken=()) -> str:
   return text
 
 
-def log_bounds(values: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+def log_bounds(values: np.ndarray, ref: np.ndarray, shift: float = 0.0,
+               extra_var: float = 0.0) -> tuple[float, float]:
   """One-sided 95% bounds of median(values) / median(ref) from the log-normal approximation:
   each side's spread of log values, the median's variance pi/2 x sigma^2 / n. A side more than
   half of whose seeds never reached the target is censored: its median is beyond its budget,
-  and the bound on that side is unbounded."""
+  and the bound on that side is unbounded. `shift` is subtracted from the log ratio and
+  `extra_var` added to its variance: a correction of each side to its best rate and the
+  correction's own uncertainty (rlscale/sweep/lr_fit.py)."""
   a, r = np.asarray(values, float), np.asarray(ref, float)
   if np.median(r) == np.inf:
     return 0.0, math.inf
@@ -115,25 +118,26 @@ def log_bounds(values: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
   s2 = [v.var(ddof=1) if v.size > 1 else math.nan for v in (la, lr)]
   if any(math.isnan(v) for v in s2):
     return math.nan, math.nan
-  se = math.sqrt(power.MEDIAN_VARIANCE * (s2[0] / a.size + s2[1] / r.size))
-  centre = math.log(np.median(a)) - math.log(np.median(r))
+  se = math.sqrt(power.MEDIAN_VARIANCE * (s2[0] / a.size + s2[1] / r.size) + extra_var)
+  centre = math.log(np.median(a)) - math.log(np.median(r)) - shift
   return math.exp(centre - Z95 * se), math.exp(centre + Z95 * se)
 
 
 def resampled(values: dict[int, np.ndarray], b0: int, tolerance: float,
               curve_rejects: dict[int, bool] | None = None, reps: int = 1000,
-              seed: int = 0) -> collections.Counter:
+              seed: int = 0, shifts: dict | None = None) -> collections.Counter:
   """How often each bracket (X, Y) comes back when every configuration's seeds are drawn again
   with replacement (the curve test's result held at the data's: a permutation test inside
-  every resample would cost more than it tells)."""
+  every resample would cost more than it tells). `shifts`: B -> (shift, extra variance) of
+  its log ratio (`log_bounds`)."""
   rng = np.random.default_rng(seed)
-  rejects = curve_rejects or {}
+  rejects, shifts = curve_rejects or {}, shifts or {}
   out: collections.Counter = collections.Counter()
   for _ in range(reps):
     draw = {b: v[rng.integers(0, v.size, v.size)] for b, v in values.items()}
     batches = []
     for b, v in draw.items():
-      lo, hi = (1.0, 1.0) if b == b0 else log_bounds(v, draw[b0])
+      lo, hi = (1.0, 1.0) if b == b0 else log_bounds(v, draw[b0], *shifts.get(b, (0.0, 0.0)))
       batches.append(Batch(b, lo, hi, rejects.get(b, False), b == b0))
     out[bracket(batches, tolerance)] += 1
   return out

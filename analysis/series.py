@@ -34,6 +34,9 @@ class Series:
   note: str = ""
   filtered: bool = False  # dynamic sampling on (the name ends in " filtered")
   chosen: bool = False  # the chosen-lr series (a rate chosen per B), whatever its name
+  # B -> (log E(B, chosen) - log E(B, optimum), minus the reference's; the variance of that
+  # difference): the joint fit's reading at the fitted optimum (rlscale/sweep/lr_fit.py).
+  shift: dict = dataclasses.field(default_factory=dict)
 
   def rows(self, table: pd.DataFrame) -> pd.DataFrame:
     """The series' rows of the configuration table, by B."""
@@ -70,6 +73,33 @@ def chosen_name(rule: str | None) -> str:
 
 
 RUNNER_UP = "runner-up lr"
+
+
+def _choice_of(study: st.Study, kind: str) -> dict | None:
+  """The study.json `chosen` entry of the stage that chose `kind`'s lr per P, None when none."""
+  runs = study.runs
+  for choice in study.record.get("chosen", {}).values():
+    stage_runs = runs[(runs.stage == choice.get("stage")) & (runs.problem == "")]
+    if not stage_runs.empty and set(stage_runs.kind) == {kind} and choice.get("per") == ["p"]:
+      return choice
+  return None
+
+
+def joint_shift(study: st.Study, kind: str, b0: float) -> dict[int, tuple[float, float]]:
+  """B -> (the joint fit's correction at B minus at B0, the variance of that difference over
+  redrawn scan seeds), from the choice's `joint` record; {} without an identified joint fit or
+  without B0 among its batches."""
+  joint = (_choice_of(study, kind) or {}).get("joint") or {}
+  if not joint.get("identified"):
+    return {}
+  order = joint["order"]
+  cov = np.asarray(joint["covariance"], float)
+  at = {int(joint["batches"][g]): i for i, g in enumerate(order)}
+  if int(b0) not in at:
+    return {}
+  i0, c = at[int(b0)], [joint["correction"][g] for g in order]
+  return {b: (c[i] - c[i0], float(max(cov[i, i] + cov[i0, i0] - 2 * cov[i, i0], 0.0)))
+          for b, i in at.items()}
 
 
 def chosen_lr(study: st.Study, kind: str, field: str = "values") -> dict[int, float]:
@@ -149,7 +179,10 @@ def _best(study: st.Study, kind: str, d: pd.DataFrame, b0: float) -> list[Series
          "uses: optimistic for the chosen lr, and what a fixed lr costs is overstated")
   s = _reference(kind, chosen_name(chosen_rule(study, kind) if chosen else None), configs, b0)
   s.chosen = True
-  s.note = "; ".join(filter(None, [f"lr: {how}", s.note]))
+  s.shift = joint_shift(study, kind, s.b0) if chosen else {}
+  read = ("; E read at each B's fitted optimum: the chosen rate's E corrected by the joint "
+          "fit, its uncertainty carried into every interval" if s.shift else "")
+  s.note = "; ".join(filter(None, [f"lr: {how}{read}", s.note]))
   return [s]
 
 
@@ -164,8 +197,8 @@ def _runner_up(study: st.Study, kind: str, d: pd.DataFrame, b0: float) -> list[S
     hit = at_b[[_close(lr, second[p]) for lr in at_b.lr]] if p in second else at_b.iloc[:0]
     if len(hit):
       configs[int(b)] = hit.config.iloc[0]
-  if len(configs) < 2 or b0 not in configs:
-    return []
+  if len(configs) < 2 or b0 not in configs or second == chosen_lr(study, kind):
+    return []  # (the joint fit's choice: one rate per B, no runner-up run)
   s = _reference(kind, RUNNER_UP, configs, b0)
   s.note = "lr: the runner-up of the study's choice per B (the same rule, second)"
   return [s]

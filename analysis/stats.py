@@ -201,8 +201,9 @@ def _ratio(num, den) -> np.ndarray:
     return np.where(den == 0, np.where(num == 0, np.nan, np.inf), num / den)
 
 
-def _ratio_bounds(x, cx, r, cr, level: float, reps: int,
-                  rng: np.random.Generator) -> tuple[float, float, float, float]:
+def _ratio_bounds(x, cx, r, cr, level: float, reps: int, rng: np.random.Generator,
+                  log_shift: tuple[float, float] | None = None
+                  ) -> tuple[float, float, float, float]:
   """Percentile bootstrap of median(x) / median(r), each side's runs resampled within it.
   A resample whose reference median is undefined gives 0 (the ratio lies below anything), one
   whose numerator median is undefined inf, one where both are undefined is undetermined and
@@ -212,24 +213,33 @@ def _ratio_bounds(x, cx, r, cr, level: float, reps: int,
   ir = rng.integers(0, r.size, (reps, r.size))
   bx, br = _medians(x[ix], cx[ix]), _medians(r[ir], cr[ir])
   q = _ratio(bx, br)
+  if log_shift is not None:  # each resample divided by a draw of the correction
+    q = q * np.exp(-(log_shift[0] + math.sqrt(log_shift[1]) * rng.standard_normal(reps)))
   lo, hi = percentile_bounds(q, level)
   return (max(lo, 0.0), hi, float((np.isinf(bx) | np.isinf(br)).mean()),
           float(np.isnan(q).mean()))
 
 
 def ratio_interval(values, ref_values, level: float = LEVEL, reps: int = 2000,
-                   seed: int = 0, budget=None, ref_budget=None) -> Interval:
+                   seed: int = 0, budget=None, ref_budget=None,
+                   log_shift: tuple[float, float] | None = None) -> Interval:
   """median(values) / median(ref_values) with a percentile-bootstrap interval (each side
   resampled within itself, `_ratio_bounds`) and its coverage simulated at these seed counts
   and each side's share of censored runs (`ratio_coverage`). The medians are Kaplan-Meier
-  medians when runs were censored (inf values, with `budget` / `ref_budget`)."""
+  medians when runs were censored (inf values, with `budget` / `ref_budget`). `log_shift`
+  (mean, variance): the ratio divided by exp of a correction so distributed (the joint rate
+  fit's reading at the optimum, rlscale/sweep/lr_fit.py), in the point and in every
+  resample."""
   x, cx = _censored(values, budget)
   r, cr = _censored(ref_values, ref_budget)
   point = float(_ratio(_medians(x[None], cx[None])[0], _medians(r[None], cr[None])[0]))
+  if log_shift is not None:
+    point *= math.exp(-log_shift[0])
   n = min(x.size, r.size)
   if n < 2:
     return Interval(point, n=n)
-  lo, hi, cens, und = _ratio_bounds(x, cx, r, cr, level, reps, np.random.default_rng(seed))
+  lo, hi, cens, und = _ratio_bounds(x, cx, r, cr, level, reps, np.random.default_rng(seed),
+                                    log_shift)
   share = (round(float(cx.mean()), 3), round(float(cr.mean()), 3))
   cover = (ratio_coverage(x.size, r.size, level) if share == (0.0, 0.0) else
            ratio_coverage(x.size, r.size, level, censor=share))

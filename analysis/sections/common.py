@@ -13,14 +13,16 @@ from analysis import study_table as st
 
 
 def ratio(study: st.Study, config: str, ref: str, column: str = "responses_to_target",
-          target: float | None = None, level: float = stats.LEVEL) -> stats.Interval:
+          target: float | None = None, level: float = stats.LEVEL,
+          log_shift: tuple[float, float] | None = None) -> stats.Interval:
   """median(config) / median(ref) of `column` over their verdict seeds, with its interval
-  (two-sided at `level`: 0.9 gives one-sided 95% bounds)."""
+  (two-sided at `level`: 0.9 gives one-sided 95% bounds); `log_shift`: stats.ratio_interval."""
   a = st.seed_values(study, config, column, target)
   b = st.seed_values(study, ref, column, target)
   if not (a.size and b.size) or (np.isinf(a).all() and np.isinf(b).all()):
     return stats.Interval(math.nan, n=0)
-  return stats.ratio_interval(a, b, level=level, reps=study.opts.reps, seed=study.opts.seed)
+  return stats.ratio_interval(a, b, level=level, reps=study.opts.reps, seed=study.opts.seed,
+                              log_shift=log_shift)
 
 
 def reference_config(study: st.Study, table: pd.DataFrame, kind: str) -> str | None:

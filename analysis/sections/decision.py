@@ -158,11 +158,13 @@ def invariance_rows(study: st.Study, table: pd.DataFrame, tolerance: float, band
       c = s.configs[b]
       row = table[table.config == c].iloc[0]
       is_ref = c == s.reference
+      # The joint rate fit's reading at the optimum holds at the study's own target only.
+      shift = s.shift.get(int(b)) if target is None and not is_ref else None
       if is_ref:
         q = one = stats.Interval(1.0, n=int(row.n_seeds))
       elif reached:
-        q = ratio(study, c, s.reference, target=target)
-        one = ratio(study, c, s.reference, target=target, level=0.9)
+        q = ratio(study, c, s.reference, target=target, log_shift=shift)
+        one = ratio(study, c, s.reference, target=target, level=0.9, log_shift=shift)
       else:  # no ratio to a reference that never got there (x / inf would read as 0)
         q = one = stats.Interval(math.nan, n=int(row.n_seeds))
       test = (ct.curve_test(ct.seed_curves(study, c), ref_seeds, band, br.CURVE_LEVEL,
@@ -183,7 +185,7 @@ def invariance_rows(study: st.Study, table: pd.DataFrame, tolerance: float, band
                       curve_within=not rejects,
                       settled_invariant=br.settled_invariant(batch, tolerance),
                       settled_broken=br.settled_broken(batch, tolerance),
-                      steps=steps_med,
+                      steps=steps_med, log_shift=shift,
                       invariant=(within and not rejects) or is_ref))
   return pd.DataFrame(out)
 
@@ -224,15 +226,19 @@ def series_bracket(study: st.Study, g: pd.DataFrame, reps: int = 1000) -> dict:
   x, y = br.bracket(_batches(g), o.tolerance)
   values = {int(r.B): st.seed_values(study, r.config) for r in g.itertuples()}
   ref = int(g[g.is_reference].B.iloc[0])
+  shifts = {int(r.B): r.log_shift for r in g.itertuples()
+            if getattr(r, "log_shift", None) is not None}
   freq = br.resampled({b: v for b, v in values.items() if v.size}, ref, o.tolerance,
                       {int(r.B): not r.curve_within for r in g.itertuples()}, reps=reps,
-                      seed=o.seed)
+                      seed=o.seed, shifts=shifts)
   sigma, dof = power.pooled_spread(values.values())
   n = int(g[~g.is_reference].seeds.min()) if (~g.is_reference).any() else int(g.seeds.min())
   m = int(g[g.is_reference].seeds.iloc[0])
   lines = br.power_lines(sigma, n, m, o.tolerance) if dof and sigma > 0 else None
   broken = [int(r.B) for r in g.itertuples() if r.settled_broken]
-  joint = joint_fit.invariance({b: v for b, v in values.items() if v.size}, ref, o.tolerance,
+  # At the fitted optimum (the point correction; its spread is far below the seeds').
+  at_opt = {b: v * math.exp(-shifts[b][0]) if b in shifts else v for b, v in values.items()}
+  joint = joint_fit.invariance({b: v for b, v in at_opt.items() if v.size}, ref, o.tolerance,
                                reps=reps, seed=o.seed)
   return dict(x=x, y=y, freq=freq, reps=reps, sigma=sigma, dof=dof, n=n, m=m, power=lines,
               text=br.describe(x, y, list(values), broken), joint=joint)

@@ -62,6 +62,7 @@ import statistics
 import time
 from typing import Any
 
+import numpy as np
 from absl import logging
 
 from rlscale.config import files as config_files
@@ -93,6 +94,11 @@ class Stage:
   max_seeds: int = 16
   power_ratio: float = 1.5  # the true ratio that must settle as broken with 80% probability
   tolerance: float = 0.2  # the verdict's: invariant while E(B) / E(B0) <= 1 + tolerance
+  # Choose over every group at once by the joint fit of E(B, lr) (rlscale/sweep/lr_fit.py):
+  # the rate nearest each batch's fitted optimum, and "{lr#2}" the same rate (the verdict runs
+  # one rate; the report reads it at the fitted optimum, the fit's uncertainty carried). Where
+  # the fit is not identified, the groups choose one by one with their runner-ups, as without.
+  joint: bool = False
 
 
 def declared(study: str) -> list[Stage]:
@@ -197,13 +203,54 @@ def _vertex(table: list[dict[str, Any]], key: str) -> float | None:
          and t["median_responses_to_target"] > 0]
   if len(pts) < 3:
     return None
-  import numpy as np
   x, y = np.array(pts).T
   a, b, _ = np.polyfit(x, y, 2)
   if not a > 0:
     return None
   v = float(-b / (2 * a))
   return v if x.min() <= v <= x.max() else None
+
+
+def joint_choice(groups: dict[str, list[dict]], tables: dict[str, list[dict]], key: str,
+                 reps: int = 500) -> dict[str, Any]:
+  """The choice over every group by the joint fit of E(B, `key`) (rlscale/sweep/lr_fit.py):
+  identified, why not, the fit, per group its batch, value, fitted optimum and the correction
+  a (log value - optimum)^2 with the covariance of the corrections over redrawn scan seeds."""
+  from rlscale.sweep import lr_fit
+  batch = {}
+  for group, runs in groups.items():
+    sizes = {r.get("batch") for r in runs}
+    if len(sizes) != 1 or None in sizes:
+      return {"identified": False, "why": f"group {group or 'all'}: no single batch size"}
+    batch[group] = float(sizes.pop())
+  if len(set(batch.values())) != len(batch):
+    return {"identified": False, "why": "two groups share a batch size"}
+  runs = [{"B": batch[g], "lr": r["overrides"][key], "responses_to_target":
+           r["responses_to_target"]} for g, rs in groups.items() for r in rs]
+  values = lr_fit.cells(runs)
+  eligible = {(batch[g], float(t[key])) for g, table in tables.items() for t in table
+              if t["eligible"]}
+  f, why = lr_fit.fit(values, eligible)
+  if f is None:
+    return {"identified": False, "why": why}
+  grid = {batch[g]: sorted(float(t[key]) for t in table) for g, table in tables.items()}
+  chosen = lr_fit.choose(f, grid)
+  point, draws, failed = lr_fit.corrections(values, eligible, chosen, reps=reps)
+  if failed > reps // 10 or len(draws) < 2:
+    return {"identified": False, "why": f"the fit failed on {failed} of {reps} redraws of "
+            "the scan's seeds"}
+  order = sorted(chosen)
+  cov = np.cov(draws, rowvar=False).reshape(len(order), len(order))
+  by_group = {b: g for g, b in batch.items()}
+  return {"identified": True, "why": "", "rule": "joint fit of E(B, lr)",
+          "fit": {"a": f.a, "c1": f.c1, "c2": f.c2, "resid_sd": f.resid_sd,
+                  "expected_sd": f.expected_sd, "points": f.points},
+          "values": {by_group[b]: chosen[b] for b in order},
+          "batches": {by_group[b]: b for b in order},
+          "optimum": {by_group[b]: math.exp(f.vertex(b)) for b in order},
+          "correction": {by_group[b]: point[b] for b in order},
+          "order": [by_group[b] for b in order], "covariance": cov.tolist(),
+          "redraws": len(draws), "failed": failed}
 
 
 def runner_up(table: list[dict[str, Any]], key: str) -> Any:
@@ -239,7 +286,11 @@ def stage_results(sweep_dir: str, metric: str | None = None,
     counts = ([r["eval/rows"] for r in scored] if scored and all(
         isinstance(r.get("eval/rows"), (int, float)) for r in scored) else None)
     rtt = crossing.run_crossing(rows, name, value) if name and value is not None else math.inf
-    out.append({"name": e.name, "overrides": e.overrides, "metric": name,
+    rl = cfg.get("rl") or {}
+    batch = (rl["num_prompts"] * rl["group_size"] // rl.get("num_minibatches", 1)
+             if isinstance(rl.get("num_prompts"), int) and isinstance(rl.get("group_size"), int)
+             else None)  # responses per optimizer step
+    out.append({"name": e.name, "overrides": e.overrides, "metric": name, "batch": batch,
                 "responses_to_target": None if math.isinf(rtt) else rtt,
                 "base": evals[0] if evals else None,
                 "final": crossing.settled_final(evals, counts) if evals else None,
@@ -482,9 +533,14 @@ class StudyRunner:
     extra, extended = rec.setdefault("extra", []), rec.setdefault("extended", {})
     values, second, tables, more = {}, {}, {}, False
     for group, runs in sorted(groups.items()):
-      best, table = choose(runs, stage.choose, stage.band)
-      values[group], tables[group] = best, table
-      second[group] = runner_up(table, stage.choose)
+      values[group], tables[group] = choose(runs, stage.choose, stage.band)
+      second[group] = runner_up(tables[group], stage.choose)
+    joint = joint_choice(groups, tables, stage.choose) if stage.joint else None
+    if joint and joint["identified"]:
+      for group, value in joint["values"].items():
+        values[group] = second[group] = value
+    for group, runs in sorted(groups.items()):
+      best, table = values[group], tables[group]
       tried = sorted(t[stage.choose] for t in table)
       if not stage.extend or len(tried) < 2 or best not in (tried[0], tried[-1]):
         continue
@@ -512,6 +568,14 @@ class StudyRunner:
              "rule": RULE.replace("the scan's seeds", f"{len(seeds)} scan seeds"),
              "key": stage.choose,
              "target": {"metric": metric, "value": value}}
+    if joint is not None:
+      entry["joint"] = joint
+      if joint["identified"]:
+        entry["rule"] = f"joint fit of E(B, lr), {len(seeds)} scan seeds"
+      if not joint["identified"]:
+        logging.warning("study: stage %s: the joint fit of E(B, %s) is not identified (%s); "
+                        "each group chose alone, its runner-up beside", stage.name,
+                        stage.choose, joint["why"])
     if not stage.per:
       entry["value"] = values[""]
     self.record["chosen"][stage.choose] = entry

@@ -311,3 +311,37 @@ def test_the_runner_rule_picks_the_fewest_median_responses():
                        "worst": [2000.0, 1100.0], "final_med": [0.6, 0.6],
                        "eligible": [True, True], "scanned": [True, True]})
   assert rules.lr_optima(scan).chosen.iloc[0] == 1e-4
+
+
+@pytest.mark.parametrize("variance", [0.0, 0.02])
+def test_a_joint_rate_fit_reads_the_chosen_series_at_the_fitted_optimum(tmp_path, variance):
+  """study.json's choice by the joint fit of E(B, lr) (rlscale/sweep/study.joint_choice): the
+  chosen series' ratio is divided by exp(correction at B - at B0), the correction's variance
+  widens its interval, the series says so, and no runner-up series is made."""
+  from analysis.sections import decision
+  study = _chosen_study(str(tmp_path), "joint fit of E(B, lr), 1 scan seeds")
+  with open(tmp_path / "study.json") as f:
+    record = json.load(f)
+  cov = [[variance if i == j else 0.0 for j in range(3)] for i in range(3)]
+  record["chosen"]["lr"]["runner_up"] = record["chosen"]["lr"]["values"]
+  record["chosen"]["lr"]["joint"] = {
+      "identified": True, "order": ["p=1", "p=2", "p=4"],
+      "batches": {"p=1": 8.0, "p=2": 16.0, "p=4": 32.0},
+      "correction": {"p=1": 0.05, "p=2": 0.0, "p=4": 0.2}, "covariance": cov}
+  with open(tmp_path / "study.json", "w") as f:
+    json.dump(record, f)
+  study = _read(str(tmp_path))
+  table = st.config_table(study)
+  ss = se.series(study, table)
+  (chosen,) = [s for s in ss if s.chosen]
+  assert chosen.shift[32] == pytest.approx((0.2, 2 * variance))
+  assert "fitted optimum" in chosen.note
+  assert not any(s.name == se.RUNNER_UP for s in ss)
+  rows = decision.invariance_rows(study, table, 0.2, 0.05, curves=False)
+  at = rows[(rows.series == chosen.name) & (rows.B == 32)].iloc[0]
+  assert at.ratio.point == pytest.approx(math.exp(-0.2))  # the verdict seeds' ratio is 1.0
+  width = math.log(at.ratio.hi) - math.log(at.ratio.lo)
+  if variance:
+    assert width > 2 * 1.96 * math.sqrt(2 * variance) * 0.8  # the correction's spread
+  else:
+    assert width == pytest.approx(0.0, abs=1e-9)  # identical seeds, an exact correction
