@@ -60,11 +60,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 # The CPU study's batches (configs/studies/chain_sum_cpu.py): P = 1 ... 32 prompts of G = 8,
 # B = 8 ... 256 responses per optimizer step, the reference B0 = 16 (P = 2). Each run's budget
-# grows with B (BUDGET) so that the largest batches still cross the target, at >= 10 optimizer
-# steps, on every seed; gradient clipping is off (at 1.0 it clipped most steps at B <= 16 and
-# almost none at B >= 32: the update rule itself changed with B).
+# grows with B so that every verdict seed crosses the target (~0.51; at 0.49 B = 256 took
+# 8-14 optimizer steps at its good rates, B = 16 ~800-1,500 responses), about 4x the best
+# rate's responses (BUDGET); a scan only ranks rates, so its runs stop at about 2.5x (SCAN_BUDGET:
+# a rate slower than that is censored there, never chosen). Evaluations every 256 responses, 2
+# steps at B = 256 (EVAL_EVERY: 4-12 before each crossing). Gradient clipping is off (at 1.0 it
+# clipped most steps at B <= 16 and almost none at B >= 32: the update rule changed with B).
 PROMPTS, REF_PROMPTS, LR0 = (1, 2, 4, 8, 16, 32), 2, 1e-4
-BUDGET = {1: 3072, 2: 3072, 4: 3072, 8: 4096, 16: 4096, 32: 8192}  # responses per run, by P
+BUDGET = {1: 6144, 2: 6144, 4: 6144, 8: 6144, 16: 8192, 32: 12288}  # responses per run, by P
+SCAN_BUDGET = {1: 4096, 2: 4096, 4: 4096, 8: 4096, 16: 6144, 32: 8192}
+EVAL_EVERY = {1: 256, 2: 256, 4: 256, 8: 256, 16: 256, 32: 512}
+REF_BUDGET = 8192  # the target stage's runs: their final value is the gain the target is a fraction of
 # The study's metric: the sampled accuracy (one temperature-1 response per held-out problem),
 # the policy's expected reward. The greedy accuracy flips as soon as the right carry becomes
 # the mode: 0.17 -> 0.47 in 10 steps at B = 256, then flat, while the sampled one climbs on for
@@ -77,7 +83,14 @@ STAGED = {"eval.adaptive": True, "eval.generation_batch": 125, "target.value": "
 STOP = {"target.stop": True, "target.stop_margin": 0.25}
 
 
-def lr_grid(p: int, ref: int = REF_PROMPTS, lr0: float = LR0, rates: int = 5) -> list[float]:
+# The scan's centre at B0: the reference batch's best rate near the study's target (~0.5) is
+# 2e-4, twice the starting rate (a scan centred on 1e-4 had its optimum at the upper edge at
+# both B = 16 and B = 256, and ran two extensions to find it).
+SCAN_LR0 = 2 * LR0
+
+
+def lr_grid(p: int, ref: int = REF_PROMPTS, lr0: float = SCAN_LR0, rates: int = 5
+            ) -> list[float]:
   """`rates` rates a factor sqrt(2) apart on the grid lr0 * 2^(k/2), centred on
   lr0 * (p / ref)^(1/4): half-way between a fixed rate and the sqrt rule, so that the scan
   brackets either (the study extends an edge when the optimum lies beyond it)."""
@@ -89,27 +102,35 @@ def lr_grid(p: int, ref: int = REF_PROMPTS, lr0: float = LR0, rates: int = 5) ->
 def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
   """Named sweeps for launch/sweep.py and the CPU study (configs/studies/chain_sum_cpu.py).
 
-  Every point of a batch sees the same responses (BUDGET), evaluated every 128 of them (or every
-  step, when B is larger) by the sampled accuracy of the 2,000 held-out problems (SAMPLED), in
-  stages against the study's target (STAGED), B0 = 16 responses, no gradient clipping, the
+  Every verdict point of a batch has the same budget (BUDGET; a scan's SCAN_BUDGET), evaluated
+  every EVAL_EVERY responses by the sampled accuracy of the 2,000 held-out problems (SAMPLED),
+  in stages against the study's target (STAGED), B0 = 16 responses, no gradient clipping, the
   learning rate set per point (no scaling rule). "{lr}" is the study's choice for the point's
-  own P, "{lr#2}" its runner-up, "{lr:p=4}" the choice at P = 4; "{seeds}" as many seeds as
+  own P, "{lr#2}" its runner-up (the choice itself when the joint fit of E(B, lr) chose: one
+  point), "{lr:p=4}" the choice at P = 4; "{seeds}" as many seeds as
   the study's power calculation asks. With `tiny` in the argument, the same sweeps at the
   tests' shape.
   """
   tiny = "tiny" in (arg or "").split(",")
   prompts, ref = ((1, 2), 2) if tiny else (PROMPTS, REF_PROMPTS)
+  ref_budget = 64 if tiny else REF_BUDGET
 
-  def budget(p):
-    return 64 if tiny else BUDGET[p]
+  def budget(p, table=BUDGET):
+    return 64 if tiny else table[p]
 
-  base = {"g": 4 if tiny else 8, "train.eval_every_responses": 16 if tiny else 128,
+  def spacing(p):
+    return 16 if tiny else EVAL_EVERY[p]
+
+  base = {"g": 4 if tiny else 8,
           **SAMPLED, "optim.lr_scaling": "none", "optim.grad_clip": 0.0,
           "optim.reference_batch": ref * (4 if tiny else 8),
           **({"rl.microbatch": "auto"} if tiny else {})}  # tiny sets 8
   common_ = sw.fixed(**base, **STAGED, **({} if tiny else STOP))  # tiny: to its budget
   scan_seeds = {"seed": [0] if tiny else [0, 1, 2]}
-  each_p = sw.zip_axes({"p": list(prompts), "responses": [budget(p) for p in prompts]})
+  each_p = sw.zip_axes({"p": list(prompts), "responses": [budget(p) for p in prompts],
+                        "train.eval_every_responses": [spacing(p) for p in prompts]})
+  scan_p = sw.zip_axes({"p": list(prompts), "responses": [budget(p, SCAN_BUDGET) for p in prompts],
+                        "train.eval_every_responses": [spacing(p) for p in prompts]})
   pairs_at = 2 if tiny else 4  # (P, G) with P x G equal to this P's batch at G = 8
   pairs = [(4, 2), (1, 8)] if tiny else [(8, 4), (2, 16)]
   # Dynamic sampling against none at three batches, the lr following the sqrt rule from LR0
@@ -119,19 +140,20 @@ def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
       {"rollout.dynamic_sampling": [False, True]}, {"p": [1, 2, 4] if tiny else [2, 4, 8]},
       {"seed": [0, 1, 2]},
       sw.fixed(**{**base, "responses": 64 if tiny else 2560, "optim.lr_scaling": "sqrt",
-                  "lr": LR0, "target.value": 0.41}))
+                  "lr": LR0, "target.value": 0.41,
+                  "train.eval_every_responses": 16 if tiny else 128}))
   return {
       "dynamic_sampling": filtered,
       # The reference batch at the starting rate on the scan's seeds, evaluated at its start
       # and end only: the study's target is a fraction of the gain it makes.
-      "reference": sw.product({"p": [ref], "lr": [LR0], "responses": [budget(ref)]},
+      "reference": sw.product({"p": [ref], "lr": [LR0], "responses": [ref_budget]},
                               scan_seeds, sw.fixed(**{**base, "train.eval_every_responses":
-                                                      budget(ref)})),
+                                                      ref_budget})),
       # The learning rate at every batch: 5 rates per P (lr_grid), 3 seeds; the study picks
       # one per P (and a runner-up) and extends a scan whose best rate is at its edge.
       "lr_scan": sw.product(sw.chain(*(sw.product([pt], {"lr": lr_grid(pt["p"], ref)[1:3] if tiny
                                                          else lr_grid(pt["p"], ref)})
-                                       for pt in each_p)),
+                                       for pt in scan_p)),
                             scan_seeds, common_),
       # The verdict: every P at its chosen rate and its runner-up, on seeds the scan did not
       # use, as many as the power calculation asks.
@@ -141,7 +163,8 @@ def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
       # matter?
       "pairs": sw.product(sw.zip_axes({"p": [p for p, _ in pairs], "g": [g for _, g in pairs]}),
                           {"lr": ["{lr:p=%d}" % pairs_at],
-                           "responses": [budget(pairs_at)]},
+                           "responses": [budget(pairs_at)],
+                           "train.eval_every_responses": [spacing(pairs_at)]},
                           {"seed": ["{seeds}"]},
                           {k: [v] for k, v in common_[0].items() if k != "g"}),
   }

@@ -38,12 +38,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   return c
 
 
-# PPO's batches in the CPU study: P = 2 ... 64 prompts of G = 4 in one mini-batch, B = 8 ...
-# 256 responses per optimizer step, B0 = 16 as GRPO's, each run's budget GRPO's at that B. The
-# critic trains alone for its first 512 responses at every B (critic.warmup_steps = 512 /
-# (P x G) steps), the same responses at every batch; the report counts them wherever PPO is
-# compared with GRPO. The critic keeps its config lr (3e-4, no rule).
-PROMPTS, GROUP, REF_PROMPTS, WARMUP_RESPONSES = (2, 4, 8, 16, 32, 64), 4, 4, 512
+# PPO's batches in the CPU study: P = 2, 4, 16, 64 prompts of G = 4 in one mini-batch, B = 8,
+# 16, 64, 256 responses per optimizer step (every other of GRPO's: a PPO response costs about
+# twice a GRPO one, critic and all), B0 = 16 as GRPO's, each run's budget and evaluation
+# spacing GRPO's at that B plus the critic's warm-up: it trains alone for its first 512
+# responses at every B (critic.warmup_steps = 512 / (P x G) steps), the same responses at every
+# batch; the report counts them wherever PPO is compared with GRPO. The critic keeps its
+# config lr (3e-4, no rule).
+PROMPTS, GROUP, REF_PROMPTS, WARMUP_RESPONSES = (2, 4, 16, 64), 4, 4, 512
 
 
 def _grid(p: int, ref: int, tiny: bool) -> list[float]:
@@ -55,20 +57,27 @@ def _grid(p: int, ref: int, tiny: bool) -> list[float]:
 
 def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
   """lr_scan: the actor's learning rate at each P (5 rates, the GRPO scan's grid and seeds; the
-  study chooses per P, a runner-up too, and extends an edge); confirm: each P at its chosen
-  rate ("{optim.lr}") and runner-up ("{optim.lr#2}"), as many fresh seeds as the power
-  calculation asks ("{seeds}"). Evaluated and stopped as the GRPO study (grpo_chain_sum.SAMPLED,
+  study chooses by the joint fit of E(B, lr), and extends an edge); confirm: each P at its
+  chosen rate ("{optim.lr}"; its runner-up "{optim.lr#2}" too where the joint fit is not
+  identified), as many fresh seeds as the power calculation asks ("{seeds}"). Evaluated and stopped as the GRPO study (grpo_chain_sum.SAMPLED,
   STAGED, STOP),
   no gradient clipping (actor or critic). Used by configs/studies/chain_sum_cpu.py."""
   tiny = "tiny" in (arg or "").split(",")
   prompts, group, ref, warmup = ((2, 4), 2, 2, 8) if tiny else (
       PROMPTS, GROUP, REF_PROMPTS, WARMUP_RESPONSES)
-  each_p = sw.zip_axes({
-      "p": list(prompts),
-      "critic.warmup_steps": [max(1, warmup // (p * group)) for p in prompts],
-      "responses": [32 if tiny else grpo_chain_sum.BUDGET[p * group // 8] for p in prompts]})
+
+  def at_b(table, p):  # GRPO's value at the same B (P x 8)
+    return table[p * group // 8]
+
+  def each(budgets):
+    return sw.zip_axes({
+        "p": list(prompts),
+        "critic.warmup_steps": [max(1, warmup // (p * group)) for p in prompts],
+        "responses": [32 if tiny else at_b(budgets, p) + warmup for p in prompts],
+        "train.eval_every_responses": [8 if tiny else at_b(grpo_chain_sum.EVAL_EVERY, p)
+                                       for p in prompts]})
+  each_p, scan_p = each(grpo_chain_sum.BUDGET), each(grpo_chain_sum.SCAN_BUDGET)
   common_ = sw.fixed(**{"g": group, "rl.num_minibatches": 1, "critic.num_minibatches": 1,
-                        "train.eval_every_responses": 8 if tiny else 128,
                         **grpo_chain_sum.SAMPLED, **grpo_chain_sum.STAGED,
                         **({} if tiny else grpo_chain_sum.STOP),
                         "optim.lr_scaling": "none", "optim.grad_clip": 0.0,
@@ -79,7 +88,7 @@ def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
   return {
       "lr_scan": sw.product(
           sw.chain(*(sw.product([pt], {"optim.lr": _grid(pt["p"], ref, tiny)})
-                     for pt in each_p)), {"seed": [0] if tiny else [0, 1, 2]}, common_),
+                     for pt in scan_p)), {"seed": [0] if tiny else [0, 1, 2]}, common_),
       "confirm": sw.product(each_p, {"optim.lr": ["{optim.lr}", "{optim.lr#2}"]},
                             {"seed": ["{seeds}"]}, common_),
   }

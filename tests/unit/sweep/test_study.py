@@ -191,9 +191,14 @@ def test_the_shipped_cpu_study_declares_its_stages(tmp_path, monkeypatch):
   assert {p.overrides["target.value"] for p in grpo} == {0.4}
   assert {p.overrides["optim.grad_clip"] for p in grpo} == {0.0}
   assert len(runner.points_of(runner.stages[3], str(tmp_path / "p"))) == 24
+  # The joint fit's choice: the runner-up is the choice itself, one rate per P is run.
+  runner.record["chosen"]["lr"]["runner_up"] = runner.record["chosen"]["lr"]["values"]
+  assert len(runner.points_of(runner.stages[2], str(tmp_path / "g1"))) == 6 * 12
   ppo = runner.points_of(runner.stages[4], str(tmp_path / "q"))
-  assert len(ppo) == 90 and {p.overrides["seed"] for p in ppo} == {0, 1, 2}
+  assert len(ppo) == 60 and {p.overrides["seed"] for p in ppo} == {0, 1, 2}  # 4 P x 5 x 3
+  assert {p.overrides["p"] for p in ppo} == {2, 4, 16, 64}
   assert ppo[0].overrides["critic.warmup_steps"] == 64  # 512 warm-up responses at P x G = 8
+  assert ppo[0].overrides["responses"] == 4096 + 512  # the scan's budget at B = 8, warm-up too
 
 
 @pytest.mark.slow(seconds=200)
