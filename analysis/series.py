@@ -75,7 +75,7 @@ def chosen_name(rule: str | None) -> str:
 RUNNER_UP = "runner-up lr"
 
 
-def _choice_of(study: st.Study, kind: str) -> dict | None:
+def choice_of(study: st.Study, kind: str) -> dict | None:
   """The study.json `chosen` entry of the stage that chose `kind`'s lr per P, None when none."""
   runs = study.runs
   for choice in study.record.get("chosen", {}).values():
@@ -89,7 +89,7 @@ def joint_shift(study: st.Study, kind: str, b0: float) -> dict[int, tuple[float,
   """B -> (the joint fit's correction at B minus at B0, the variance of that difference over
   redrawn scan seeds), from the choice's `joint` record; {} without an identified joint fit or
   without B0 among its batches."""
-  joint = (_choice_of(study, kind) or {}).get("joint") or {}
+  joint = (choice_of(study, kind) or {}).get("joint") or {}
   if not joint.get("identified"):
     return {}
   order = joint["order"]

@@ -17,6 +17,7 @@ from analysis.report_md import iv, num
 from analysis.runs import axis_label
 from analysis.sections.common import ratio, study_series
 from analysis.sections.questions import MIN_COVERAGE, rules_out
+from analysis import series as se
 from analysis.series import chosen_rule
 from analysis.sections.types import Figure, Section
 
@@ -117,6 +118,25 @@ def lr_exponent(study: st.Study, scan: pd.DataFrame) -> dict:
   return out
 
 
+def _joint_text(kind: str, joint: dict) -> str:
+  """What the joint fit of E(B, lr) (rlscale/sweep/lr_fit.py) chose, or why it did not."""
+  if not joint.get("identified"):
+    return (f"{kind}: the joint fit of E(B, lr) is not identified ({joint.get('why')}): each "
+            "batch's rate was chosen on its own scan, and its runner-up ran beside it.")
+  f = joint["fit"]
+  per_b = "; ".join(
+      f"B = {int(joint['batches'][g])}: optimum {num(joint['optimum'][g])}, chosen "
+      f"{num(joint['values'][g])} ({100 * math.expm1(joint['correction'][g]):.1f}% slower)"
+      for g in joint["order"])
+  return (f"{kind}: the rate per B was chosen by one fit of E(B, lr) over the scan's {f['points']}"
+          f" stable cells that reached the target (log E a parabola in log lr of one curvature, "
+          f"a = {f['a']:.2f}, whose optimum moves as B^{-f['c2'] / (2 * f['a']):.2f}; residual "
+          f"spread {f['resid_sd']:.2f} of log E against {f['expected_sd']:.2f} from the seeds): "
+          f"the scan's rate nearest each fitted optimum, run alone in the verdict and read at "
+          f"the optimum, the correction's spread over {joint.get('redraws', 0)} redraws of the "
+          f"scan seeds carried into the verdict's intervals. {per_b}.")
+
+
 def learning_rate(study: st.Study, table: pd.DataFrame) -> Section:
   sec = Section("The learning rate at every batch")
   if table.empty:
@@ -151,6 +171,9 @@ def learning_rate(study: st.Study, table: pd.DataFrame) -> Section:
                            "final": [iv(r.final_iv) for r in scan.itertuples()],
                            "largest drop": scan.max_drop,
                            "stable": ["yes" if e else "no" for e in scan.eligible]})))
+    joint = {} if on else (se.choice_of(study, base_kind) or {}).get("joint") or {}
+    if joint:
+      sec.text.append(_joint_text(kind, joint))
     edges = opt[opt.at_edge & (opt.tried > 1)]
     sec.tables.append((lr_per_b_title(kind, how), pd.DataFrame({
                            "B": opt.B, "tried": opt.tried, "chosen": opt.chosen.map(num),

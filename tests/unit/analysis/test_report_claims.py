@@ -345,3 +345,29 @@ def test_a_joint_rate_fit_reads_the_chosen_series_at_the_fitted_optimum(tmp_path
     assert width > 2 * 1.96 * math.sqrt(2 * variance) * 0.8  # the correction's spread
   else:
     assert width == pytest.approx(0.0, abs=1e-9)  # identical seeds, an exact correction
+
+
+def test_the_rate_section_says_what_the_joint_fit_chose_or_why_not(tmp_path):
+  study = _chosen_study(str(tmp_path), "joint fit of E(B, lr), 1 scan seeds")
+  with open(tmp_path / "study.json") as f:
+    record = json.load(f)
+  joint = {"identified": True, "order": ["p=1", "p=2", "p=4"],
+           "batches": {"p=1": 8.0, "p=2": 16.0, "p=4": 32.0},
+           "values": {"p=1": 1e-4, "p=2": 2e-4, "p=4": 2e-4},
+           "optimum": {"p=1": 1.2e-4, "p=2": 1.8e-4, "p=4": 2.4e-4},
+           "correction": {"p=1": 0.01, "p=2": 0.0, "p=4": 0.02},
+           "covariance": [[0.0] * 3] * 3, "redraws": 500,
+           "fit": {"a": 1.0, "c1": 0.0, "c2": -0.6, "resid_sd": 0.1, "expected_sd": 0.16,
+                   "points": 6}}
+  for case in (joint, {"identified": False, "why": "lack of fit: residual spread 0.50"}):
+    record["chosen"]["lr"]["joint"] = case
+    with open(tmp_path / "study.json", "w") as f:
+      json.dump(record, f)
+    study = _read(str(tmp_path))
+    text = " ".join(rules.learning_rate(study, st.config_table(study)).text)
+    if case["identified"]:
+      assert "one fit of E(B, lr)" in text and "B^0.30" in text
+      assert "B = 32: optimum 0.00024, chosen 0.0002 (2.0% slower)" in text
+    else:
+      assert "not identified (lack of fit: residual spread 0.50)" in text
+      assert "runner-up ran beside it" in text
