@@ -83,20 +83,20 @@ def test_the_fit_picks_the_rate_nearest_the_optimum_in_most_draws():
 def test_the_corrected_ratio_covers_the_ratio_at_the_optimum():
   """The verdict at the chosen rate (10 seeds a batch), corrected by the fit to the optimum,
   its one-sided 95% bounds widened by the spread of the corrections' difference: the true
-  E*(B)/E*(B0) lies below the upper bound in >= 93% and above the lower in >= 93% of
-  (draw, batch) pairs (nominal 95%)."""
+  E*(B)/E*(B0) lies below the upper bound in >= 93% and above the lower in >= 93% of the 400
+  (draw, batch) pairs (nominal 95%; the share's standard error at 95% is 1.1%)."""
   from analysis import bracket
   rng = np.random.default_rng(1)
   below = above = total = 0
-  for _ in range(120):
+  for _ in range(80):
     log_e, best, b_crit = _surface(rng)
     values = _scan(rng, log_e)
     f, why = lr_fit.fit(values, set(values))
     assert f is not None, why
     chosen = lr_fit.choose(f, {float(b): _grid(b) for b in BATCHES})
-    point, draws, failed = lr_fit.corrections(values, set(values), chosen, reps=200,
+    point, draws, failed = lr_fit.corrections(values, set(values), chosen, reps=100,
                                               seed=int(rng.integers(1 << 30)))
-    assert failed <= 20
+    assert failed <= 10
     verdict = {b: np.exp(log_e(b, chosen[float(b)]) + SIGMA * rng.standard_normal(10))
                for b in BATCHES}
     i0 = sorted(chosen).index(float(B0))
