@@ -200,7 +200,10 @@ def _runner_up(study: st.Study, kind: str, d: pd.DataFrame, b0: float) -> list[S
   if len(configs) < 2 or b0 not in configs or second == chosen_lr(study, kind):
     return []  # (the joint fit's choice: one rate per B, no runner-up run)
   s = _reference(kind, RUNNER_UP, configs, b0)
-  s.note = "lr: the runner-up of the study's choice per B (the same rule, second)"
+  joint = ((choice_of(study, kind) or {}).get("joint") or {}).get("identified")
+  s.note = ("lr: each B's own choice from its scan alone where the joint fit of E(B, lr) chose "
+            "another rate (the joint fit's rate elsewhere)" if joint else
+            "lr: the runner-up of the study's choice per B (the same rule, second)")
   return [s]
 
 

@@ -106,8 +106,8 @@ def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
   every EVAL_EVERY responses by the sampled accuracy of the 2,000 held-out problems (SAMPLED),
   in stages against the study's target (STAGED), B0 = 16 responses, no gradient clipping, the
   learning rate set per point (no scaling rule). "{lr}" is the study's choice for the point's
-  own P, "{lr#2}" its runner-up (the choice itself when the joint fit of E(B, lr) chose: one
-  point), "{lr:p=4}" the choice at P = 4; "{seeds}" as many seeds as
+  own P, "{lr#2}" its runner-up (when the joint fit of E(B, lr) chose: the P's own scan's
+  choice, one point where both agree), "{lr:p=4}" the choice at P = 4; "{seeds}" as many seeds as
   the study's power calculation asks. With `tiny` in the argument, the same sweeps at the
   tests' shape.
   """

@@ -132,9 +132,10 @@ def _joint_text(kind: str, joint: dict) -> str:
           f" stable cells that reached the target (log E a parabola in log lr of one curvature, "
           f"a = {f['a']:.2f}, whose optimum moves as B^{-f['c2'] / (2 * f['a']):.2f}; residual "
           f"spread {f['resid_sd']:.2f} of log E against {f['expected_sd']:.2f} from the seeds): "
-          f"the scan's rate nearest each fitted optimum, run alone in the verdict and read at "
-          f"the optimum, the correction's spread over {joint.get('redraws', 0)} redraws of the "
-          f"scan seeds carried into the verdict's intervals. {per_b}.")
+          f"the scan's rate nearest each fitted optimum, read at the optimum in the verdict, the "
+          f"correction's spread over {joint.get('redraws', 0)} redraws of the scan seeds "
+          f"carried into its intervals (a batch whose own scan chose another rate runs that one "
+          f"beside it). {per_b}.")
 
 
 def learning_rate(study: st.Study, table: pd.DataFrame) -> Section:

@@ -14,13 +14,14 @@ Stages (rlscale/sweep/study.py), in order:
              rule (grpo_chain_sum.lr_grid),
              3 seeds; chooses every P at once by the joint fit of E(B, lr)
              (rlscale/sweep/lr_fit.py), extending a scan whose choice is at its edge;
-  grpo       every P at its chosen rate on 10 fresh seeds (and at its runner-up where the
-             joint fit is not identified; the power calculation from the scan's seed spread is
-             recorded beside them);
+  grpo       every P at its chosen rate on 10 fresh seeds, and at the rate its own scan chose
+             where that differs (at its runner-up where the joint fit is not identified; the
+             power calculation from the scan's seed spread is recorded beside them);
   pairs      (P, G) = (8, 4) and (2, 16), equal P x G to (4, 8), at that batch's chosen rate;
   ppo_lr     PPO's actor rate at B = 8, 16, 64, 256 (G = 4), 5 rates, the same 3 scan seeds,
              the same joint fit;
-  ppo        each at its chosen rate, 10 fresh seeds as GRPO's verdict.
+  ppo        each at its chosen rate (and its own scan's where that differs), 10 fresh seeds as
+             GRPO's verdict.
 Every run's budget grows with B so that every verdict seed crosses (a scan's is shorter: it
 ranks rates), and a run of the scans, the verdicts and the pairs ends at its first evaluation
 past 1.25 x its responses to target (grpo_chain_sum.STOP; runs side by side stop lane by lane,

@@ -95,9 +95,10 @@ class Stage:
   power_ratio: float = 1.5  # the true ratio that must settle as broken with 80% probability
   tolerance: float = 0.2  # the verdict's: invariant while E(B) / E(B0) <= 1 + tolerance
   # Choose over every group at once by the joint fit of E(B, lr) (rlscale/sweep/lr_fit.py):
-  # the rate nearest each batch's fitted optimum, and "{lr#2}" the same rate (the verdict runs
-  # one rate; the report reads it at the fitted optimum, the fit's uncertainty carried). Where
-  # the fit is not identified, the groups choose one by one with their runner-ups, as without.
+  # the rate nearest each batch's fitted optimum (the report reads it at the fitted optimum, the
+  # fit's uncertainty carried), and "{lr#2}" the batch's own choice from its scan alone (the
+  # same point where both agree). Where the fit is not identified, the groups choose one by
+  # one with their runner-ups, as without.
   joint: bool = False
 
 
@@ -251,6 +252,14 @@ def joint_choice(groups: dict[str, list[dict]], tables: dict[str, list[dict]], k
           "correction": {by_group[b]: point[b] for b in order},
           "order": [by_group[b] for b in order], "covariance": cov.tolist(),
           "redraws": len(draws), "failed": failed}
+
+
+def with_joint(alone: dict[str, Any], joint: dict[str, Any]) -> tuple[dict, dict]:
+  """(choices, second choices) when the joint fit chose: the joint fit's value per group, and
+  beside it the group's own choice (its scan alone, `choose`) where that differs, so that the
+  verdict runs both rates wherever the two readings of the scan disagree (the joint fit's
+  one curvature can misplace an optimum whose E(lr) is lopsided), and one rate elsewhere."""
+  return dict(joint), {g: alone.get(g, v) for g, v in joint.items()}
 
 
 def runner_up(table: list[dict[str, Any]], key: str) -> Any:
@@ -537,8 +546,7 @@ class StudyRunner:
       second[group] = runner_up(tables[group], stage.choose)
     joint = joint_choice(groups, tables, stage.choose) if stage.joint else None
     if joint and joint["identified"]:
-      for group, value in joint["values"].items():
-        values[group] = second[group] = value
+      values, second = with_joint(values, joint["values"])
     for group, runs in sorted(groups.items()):
       best, table = values[group], tables[group]
       tried = sorted(t[stage.choose] for t in table)

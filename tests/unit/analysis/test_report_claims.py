@@ -371,3 +371,23 @@ def test_the_rate_section_says_what_the_joint_fit_chose_or_why_not(tmp_path):
     else:
       assert "not identified (lack of fit: residual spread 0.50)" in text
       assert "runner-up ran beside it" in text
+
+
+def test_where_the_joint_fit_and_a_batch_own_scan_disagree_both_rates_make_series(tmp_path):
+  study = _chosen_study(str(tmp_path), "joint fit of E(B, lr), 1 scan seeds")
+  with open(tmp_path / "study.json") as f:
+    record = json.load(f)
+  entry = record["chosen"]["lr"]
+  entry["runner_up"] = dict(entry["values"], **{"p=4": 1e-4})  # p=4's own scan chose 1e-4
+  entry["joint"] = {"identified": True, "order": ["p=1", "p=2", "p=4"],
+                    "batches": {"p=1": 8.0, "p=2": 16.0, "p=4": 32.0},
+                    "correction": {"p=1": 0.0, "p=2": 0.0, "p=4": 0.0},
+                    "covariance": [[0.0] * 3] * 3}
+  with open(tmp_path / "study.json", "w") as f:
+    json.dump(record, f)
+  study = _read(str(tmp_path))
+  table = st.config_table(study)
+  (second,) = [s for s in se.series(study, table) if s.name == se.RUNNER_UP]
+  assert "own choice from its scan alone" in second.note
+  lr = table.set_index("config").lr
+  assert {b: lr[c] for b, c in second.configs.items()} == {8: 1e-4, 16: 2e-4, 32: 1e-4}

@@ -164,3 +164,11 @@ def test_the_study_chooses_every_batch_at_once_and_records_the_correction():
       r["batch"] = None
   lost = study.joint_choice(groups, tables, "lr")
   assert not lost["identified"] and "batch size" in lost["why"]
+
+
+def test_the_verdict_runs_a_batch_own_choice_beside_the_joint_one_where_they_differ():
+  alone = {"p=1": 1e-4, "p=2": 2e-4, "p=4": 2e-4}
+  joint = {"p=1": 1e-4, "p=2": 1.41e-4, "p=4": 2e-4}
+  values, second = study.with_joint(alone, joint)
+  assert values == joint
+  assert second == {"p=1": 1e-4, "p=2": 2e-4, "p=4": 2e-4}  # a second point at p=2 only
