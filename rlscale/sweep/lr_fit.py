@@ -35,10 +35,11 @@ import math
 
 import numpy as np
 
+from rlscale.sweep import power
+
 # Residuals of the log medians beyond this multiple of what the seed spread explains: the
 # parabola with one curvature and a power-law vertex does not describe the scan.
 LACK_OF_FIT = 2.0
-MEDIAN_VARIANCE = math.pi / 2  # var(median of n) ~ pi/2 sigma^2 / n for a normal sample
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +115,7 @@ def fit(values: dict, eligible: set, sigma: float | None = None) -> tuple[Fit | 
   if sigma is None:
     sigma = seed_spread(values)
   n = float(np.median([p[3] for p in pts]))
-  expected = math.sqrt(MEDIAN_VARIANCE / n) * sigma if sigma and math.isfinite(sigma) else math.nan
+  expected = math.sqrt(power.MEDIAN_VARIANCE / n) * sigma if sigma and math.isfinite(sigma) else math.nan
   out = Fit(float(coef[0]), float(coef[1]), float(coef[2]),
             {b: float(coef[3 + col[b]]) for b in batches}, resid_sd, expected, len(pts))
   if math.isfinite(expected) and resid_sd > LACK_OF_FIT * expected:
@@ -124,15 +125,9 @@ def fit(values: dict, eligible: set, sigma: float | None = None) -> tuple[Fit | 
 
 
 def seed_spread(values: dict) -> float:
-  """Pooled within-cell standard deviation of log responses to target (cells wholly reached,
-  2+ seeds); nan when there is none."""
-  ss, dof = 0.0, 0
-  for v in values.values():
-    if v.size > 1 and np.all(np.isfinite(v)):
-      lv = np.log(v)
-      ss += float(((lv - lv.mean()) ** 2).sum())
-      dof += v.size - 1
-  return math.sqrt(ss / dof) if dof else math.nan
+  """Pooled within-cell standard deviation of log responses to target over the cells wholly
+  reached (power.pooled_spread); nan when there is none."""
+  return power.pooled_spread(v for v in values.values() if np.all(np.isfinite(v)))[0]
 
 
 def choose(f: Fit, grid: dict) -> dict:

@@ -41,6 +41,15 @@ def _scan(rng, log_e, seeds=3):
           for b in BATCHES for lr in _grid(b)}
 
 
+def _fitted(rng):
+  """A random surface, its scan, the joint fit and its choice per batch."""
+  log_e, best, b_crit = _surface(rng)
+  values = _scan(rng, log_e)
+  f, why = lr_fit.fit(values, set(values))
+  assert f is not None, why
+  return log_e, best, b_crit, values, lr_fit.choose(f, {float(b): _grid(b) for b in BATCHES})
+
+
 def _nearest(b, x):
   return min(_grid(b), key=lambda lr: abs(math.log(lr) - x))
 
@@ -62,11 +71,7 @@ def test_the_fit_picks_the_rate_nearest_the_optimum_in_most_draws():
   rng = np.random.default_rng(0)
   joint = per_batch = total = 0
   for _ in range(400):
-    log_e, best, _ = _surface(rng)
-    values = _scan(rng, log_e)
-    f, why = lr_fit.fit(values, set(values))
-    assert f is not None, why
-    chosen = lr_fit.choose(f, {float(b): _grid(b) for b in BATCHES})
+    _, best, _, values, chosen = _fitted(rng)
     for b in BATCHES:
       truth = _nearest(b, best(b))
       joint += chosen[float(b)] == truth
@@ -89,11 +94,7 @@ def test_the_corrected_ratio_covers_the_ratio_at_the_optimum():
   rng = np.random.default_rng(1)
   below = above = total = 0
   for _ in range(80):
-    log_e, best, b_crit = _surface(rng)
-    values = _scan(rng, log_e)
-    f, why = lr_fit.fit(values, set(values))
-    assert f is not None, why
-    chosen = lr_fit.choose(f, {float(b): _grid(b) for b in BATCHES})
+    log_e, _, b_crit, values, chosen = _fitted(rng)
     point, draws, failed = lr_fit.corrections(values, set(values), chosen, reps=100,
                                               seed=int(rng.integers(1 << 30)))
     assert failed <= 10
