@@ -178,6 +178,53 @@ def _inert(key: str, old: dict, new: dict) -> bool:
           and not new.get("init.branch_from"))
 
 
+# The run directory's format: how this code lays out and reads a run's files and checkpoints.
+# It goes up when an older rlscale would misread a newer run; a newer rlscale reads every older
+# format (config/defaults.py fills the fields added since with the values those runs used), and
+# an older one refuses a newer run in one line naming both formats.
+#   0: before run_format.json (every run of ba4a25a and earlier: tests/integration/test_old_runs)
+#   1: run_format.json records the format and the rlscale version that wrote it
+RUN_FORMAT = 1
+FORMAT_FILE = "run_format.json"
+
+
+def run_format(workdir: str) -> int:
+  """The format of the run in `workdir` (0 where it predates run_format.json)."""
+  path = os.path.join(workdir, FORMAT_FILE)
+  if not os.path.exists(path):
+    return 0
+  from rlscale.config.errors import ConfigError
+  try:
+    with open(path) as f:
+      value = json.load(f)["format"]
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise ConfigError(f"{path} is not a run format record ({type(e).__name__}: {e}); it was "
+                      "damaged or written by hand") from None
+  if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    raise ConfigError(f"{path}: format {value!r} is not a run format (a count from 0)")
+  return value
+
+
+def check_format(workdir: str) -> None:
+  """Refuse a run directory written by a newer rlscale, whose files this code may misread."""
+  found = run_format(workdir)
+  if found > RUN_FORMAT:
+    from rlscale.config.errors import ConfigError
+    with open(os.path.join(workdir, FORMAT_FILE)) as f:
+      by = json.load(f).get("rlscale", "an unknown version")
+    raise ConfigError(f"{workdir} was written in run format {found} (rlscale {by}); this rlscale "
+                      f"({_version()}) reads formats 0-{RUN_FORMAT}: resume it with rlscale "
+                      f"{by} or newer")
+
+
+def _version() -> str:
+  from importlib import metadata
+  try:
+    return metadata.version("rlscale")
+  except metadata.PackageNotFoundError:
+    return "unknown"
+
+
 def _has_checkpoint(workdir: str) -> bool:
   folder = os.path.join(workdir, "checkpoints")
   return os.path.isdir(folder) and any(n.isdigit() for n in os.listdir(folder))
@@ -194,6 +241,7 @@ def check_resume(workdir: str, cfg: ml_collections.ConfigDict,
   path = os.path.join(workdir, "config.json")
   if not (os.path.exists(path) and _has_checkpoint(workdir)):
     return
+  check_format(workdir)
   with open(path) as f:
     old = defaults.flat(json.load(f))
   old = defaults.fill_dict(old)  # a field added since: the value the old run used
@@ -211,10 +259,12 @@ def check_resume(workdir: str, cfg: ml_collections.ConfigDict,
 
 
 def prepare_workdir(workdir: str, cfg: ml_collections.ConfigDict) -> None:
-  """config.json (the run's config) and config_history.jsonl (every config it started with)."""
+  """config.json (the run's config), run_format.json (this code's RUN_FORMAT, after check_resume
+  read the old one) and config_history.jsonl (every config it started with)."""
   os.makedirs(workdir, exist_ok=True)
   config = json.loads(cfg.to_json_best_effort())
   write_json(os.path.join(workdir, "config.json"), config)
+  write_json(os.path.join(workdir, FORMAT_FILE), {"format": RUN_FORMAT, "rlscale": _version()})
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "config_history.jsonl"), "a") as f:
       f.write(json.dumps({"time": time.time(), "config": config}, sort_keys=True) + "\n")
