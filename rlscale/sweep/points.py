@@ -7,7 +7,10 @@ the sweep, as `key=value` joined by commas (`p=64,lr_scaling=sqrt,seed=1`): read
 (the same declaration gives the same names) and short (what every point shares is left out).
 
 Everything here is checked before any run starts: an unknown sweep name, a key that names no
-config field, a value the field cannot hold, two points with one run directory.
+config field, a value the field cannot hold, two points with one run directory. A sweep of
+thousands of points is checked in seconds: each distinct key=value once, not each point on a
+copy of the whole config (unless the config links fields with references, where one override
+may change another field).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import sys
 from typing import Any
 
 import ml_collections
+from ml_collections.config_dict import FieldReference
 
 from rlscale.config import sections as config_common
 from rlscale.config import files as config_files
@@ -94,11 +98,58 @@ def _set(cfg: ml_collections.ConfigDict, path: str, value, key: str) -> None:
   node = cfg
   for name in parents:
     node = node[name]
+  _put(cfg, node, last, value, key, path)
+
+
+def _put(root: ml_collections.ConfigDict, node: ml_collections.ConfigDict, last: str, value,
+         key: str, path: str) -> None:
   try:
-    with cfg.unlocked():
+    with root.unlocked():
       node[last] = value
   except (TypeError, ValueError) as e:
     raise ConfigError(f"override {key}={value!r}: {path} cannot hold it ({e})") from e
+
+
+def linked(cfg: ml_collections.ConfigDict) -> bool:
+  """Whether a field of `cfg` follows another: a reference or a section shared by two fields,
+  or a reference computed from another. Then setting one field may change another."""
+  seen: set[int] = set()
+
+  def walk(node) -> bool:
+    try:
+      values = list(node._fields.values())  # pylint: disable=protected-access
+    except AttributeError:
+      return True  # another ml_collections: assume the worst
+    for v in values:
+      if id(v) in seen:
+        return True
+      if isinstance(v, ml_collections.ConfigDict):
+        seen.add(id(v))
+        if walk(v):
+          return True
+      elif isinstance(v, FieldReference):
+        seen.add(id(v))
+        if getattr(v, "_ops", True) or isinstance(getattr(v, "_value", None), FieldReference):
+          return True
+    return False
+  return walk(cfg)
+
+
+def _checked(base: ml_collections.ConfigDict, key: str, value, aliases: dict[str, str],
+             memo: dict) -> str:
+  """The field `key` names, `value` set on a copy of its section of `base` (or of `base` for
+  a top-level field) to check it; once per distinct key and value."""
+  k = (key, type(value), repr(value))
+  if k not in memo:
+    path = _field(base, key, aliases)
+    parent, _, last = path.rpartition(".")
+    node = base
+    for name in parent.split(".") if parent else []:
+      node = node[name]
+    scratch = copy.deepcopy(node)
+    _put(scratch, scratch, last, value, key, path)
+    memo[k] = path
+  return memo[k]
 
 
 def set_field(cfg: ml_collections.ConfigDict, path: str, value) -> None:
@@ -162,6 +213,8 @@ def build(config: str, sweep: str, declared_points: list[dict], sweep_dir: str) 
   """Points from override dicts (a sweep's, or a study's with its choices filled in), checked
   against the config and named by the keys that vary among them."""
   base = config_files.load(config)
+  one_by_one = not linked(base)
+  memo: dict = {}
   aliases = dict(config_common.ALIASES)
   varying = {k for p in declared_points if isinstance(p, dict) for k in p
              if any(not isinstance(q, dict) or q.get(k, object()) != p[k]
@@ -171,13 +224,15 @@ def build(config: str, sweep: str, declared_points: list[dict], sweep_dir: str) 
   for i, overrides in enumerate(declared_points):
     if not isinstance(overrides, dict):
       raise ConfigError(f"--sweep={sweep}: point {i} is {overrides!r}, not a dict of overrides")
-    cfg = copy.deepcopy(base)
+    cfg = None if one_by_one else copy.deepcopy(base)
     fields = {}
     for key, value in overrides.items():
-      path = _field(cfg, key, aliases)
+      path = (_checked(base, key, value, aliases, memo) if one_by_one else
+              _field(cfg, key, aliases))
       if path in fields:
         raise ConfigError(f"--sweep={sweep}: point {overrides} sets {path} twice")
-      _set(cfg, path, value, key)
+      if cfg is not None:
+        _set(cfg, path, value, key)
       fields[path] = value
     name = point_name(overrides, varying, short)
     if name in by_dir:
@@ -199,14 +254,43 @@ def base_argv(config: str, point: Point, python: str | None = None) -> list[str]
   return run_argv(config, point, python) + ["--base_policy_only"]
 
 
+# What a base policy depends on (rlscale/run/base_policy.py): the run's kind, its init section
+# (the SFT config, the cache, a checkpoint) and the model, task and mesh the recipe copies.
+RECIPE_SECTIONS = ("kind", "init", "model", "task", "mesh")
+_LOADED: dict[tuple, tuple[ml_collections.ConfigDict, bool]] = {}  # (config, mtime) -> ...
+_BASE_KEYS: dict[tuple, str | None] = {}  # (config, mtime, recipe overrides) -> base_key
+
+
+def _loaded(config: str) -> tuple[tuple, ml_collections.ConfigDict, bool]:
+  """((config, its file's mtime), the config as loaded -- not to be changed --, whether its
+  fields are linked); loaded again when the file changed."""
+  path, _ = config_files.find(config)
+  key = (config, os.stat(path).st_mtime_ns)
+  if key not in _LOADED:
+    cfg = config_files.load(config)
+    _LOADED[key] = cfg, linked(cfg)
+  return key, *_LOADED[key]
+
+
 def base_key(config: str, point: Point) -> str | None:
   """Which base policy the point starts from (points with one key share it); None: a
-  Hugging Face checkpoint, nothing to build."""
-  from rlscale.run import base_policy
-  cfg = config_files.load(config)
+  Hugging Face checkpoint, nothing to build. Worked out once per distinct recipe in a
+  process: points whose overrides differ only outside RECIPE_SECTIONS share it (unless the
+  config links fields)."""
+  loaded, base, is_linked = _loaded(config)
+  recipe = {k: v for k, v in point.fields.items() if k.split(".")[0] in RECIPE_SECTIONS}
+  memo = None if is_linked else (*loaded, json.dumps(recipe, sort_keys=True, default=repr))
+  if memo in _BASE_KEYS:
+    return _BASE_KEYS[memo]
+  cfg = copy.deepcopy(base)
   with cfg.unlocked():
     for path, value in point.fields.items():
       _set(cfg, path, value, path)
   if cfg.kind == "sft" or cfg.init.hf_checkpoint or cfg.model.hf_checkpoint:
-    return None  # a checkpoint is its own base (rlscale/run/base_policy.py): nothing to build
-  return base_policy.cache_folder(cfg, config)
+    key = None  # a checkpoint is its own base (rlscale/run/base_policy.py): nothing to build
+  else:
+    from rlscale.run import base_policy
+    key = base_policy.cache_folder(cfg, config)
+  if memo is not None:
+    _BASE_KEYS[memo] = key
+  return key
