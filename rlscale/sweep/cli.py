@@ -5,9 +5,11 @@
 
 Each point is a full run in `<workdir>/<point name>`; `<workdir>/sweep.json` records where each
 stands. Run the same command again to continue: done points are skipped, preempted and
-partial ones resume from their checkpoints, failed ones are retried. Exit status: 0 when every
-selected point is done, 75 when the launcher was stopped (runs saved), 1 when some failed,
-2 for bad input (refused before anything runs, in one line).
+partial ones resume from their checkpoints, failed ones are retried. The same command run twice
+at once shares the points: the second says which the first holds and runs only the rest.
+Exit status: 0 when every selected point is done, 75 when the launcher was stopped (runs
+saved) or another launcher still runs some of them, 1 when some failed, 2 for bad input
+(refused before anything runs, in one line).
 """
 
 from __future__ import annotations
@@ -131,7 +133,9 @@ def run(argv) -> int:
       if e.status == mf.FAILED and m.mine(e):
         logging.error("failed: %s: %s", e.name, e.error[0] if e.error else "")
     return 1
-  if counts[mf.PREEMPTED] or (m.launcher != "slurm" and counts[mf.PENDING]):
+  # Running at the end (not on Slurm, where it means queued): another launcher runs them.
+  if counts[mf.PREEMPTED] or (m.launcher != "slurm" and (counts[mf.PENDING] or
+                                                         counts[mf.RUNNING])):
     return EXIT_REQUEUE
   return 0
 

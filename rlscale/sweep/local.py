@@ -9,7 +9,10 @@ Nothing is lost when the launcher stops: on SIGINT or SIGTERM it passes SIGTERM 
 which save the step in flight and exit 75 (preempted); if the launcher is killed outright, the
 kernel sends them SIGTERM (PR_SET_PDEATHSIG) with the same effect. Run the same command again:
 done points are skipped, the others resume from their checkpoints. A run directory another
-process still uses (its lock is held) is waited for, never started twice.
+process still uses (its lock is held) is waited for, never started twice. Two launchers of
+one sweep (two terminals, two machines on one file system) share its points: each starts a
+point only once it has claimed it in the sweep's folder (manifest.Claims), so none runs twice
+at once; the second says which points the first holds.
 """
 
 from __future__ import annotations
@@ -210,19 +213,26 @@ class LocalLauncher:
         return {p.name for p in todo}
       if proc.returncode != 0:
         error = [f"building the base policy {key} failed (exit {proc.returncode}); {log}:"]
-        for p in group:
-          e = self.m.entry(p.name)
+        entries = [self.m.entry(n) for n in self.m.claim([p.name for p in group])]
+        for e in entries:
           e.status, e.error = mf.FAILED, error + mf.tail(log)
-          failed.add(p.name)
-        self.m.save()
+          failed.add(e.name)
+        self.m.save(entries)
     return failed
+
+  def _claim(self, group: list[Point]) -> list[Point]:
+    """The points of `group` this launcher holds now; the others are another launch's."""
+    got = set(self.m.claim([p.name for p in group]))
+    return [p for p in group if p.name in got]
 
   def _start(self, group: list[Point], slot: int) -> None:
     argv, log = self._group_argv(group)
     proc = self._spawn(argv, log, slot)
     for p in group:
       e = self.m.entry(p.name)
+      self._group_of[p.name] = group
       if len(group) > 1:  # where the group's output goes
+        self._log_of[p.name] = log
         os.makedirs(p.run_dir, exist_ok=True)
         with open(mf.log_path(p.run_dir), "a") as f:
           f.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} side by side with "
@@ -231,7 +241,7 @@ class LocalLauncher:
       e.status, e.job_id, e.started, e.returncode, e.error = mf.RUNNING, str(proc.pid), \
           time.time(), None, []
       e.attempts += 1
-    self.m.save()
+    self.m.save([self.m.entry(p.name) for p in group])
 
   def _finish(self, name: str, rc: int) -> None:
     e = self.m.entry(name)
@@ -241,7 +251,7 @@ class LocalLauncher:
           self._log_of[name])
     if e.status == mf.DONE:
       self.durations.append(e.duration_s)
-    self.m.save()
+    self.m.save([e])
 
   def _stop(self, signum, frame) -> None:
     del frame
@@ -265,6 +275,11 @@ class LocalLauncher:
     finally:
       for s, h in zip((signal.SIGINT, signal.SIGTERM), old):
         signal.signal(s, h)
+      self.m.close()
+    if self.m.theirs:
+      logging.warning("sweep %s: %d of its points were another launcher's (%s); their status "
+                      "is what that one recorded", self.m.sweep, len(self.m.theirs),
+                      mf.counts_line(self.m, self.m.theirs))
     return self.m.counts()
 
   def _run(self) -> None:
@@ -273,9 +288,6 @@ class LocalLauncher:
     failed = self.build_bases(todo)
     queue = lane_groups([p for p in todo if p.name not in failed], self.vectorize,
                         self.max_lanes)
-    self._group_of = {p.name: g for g in queue for p in g}
-    self._log_of = {p.name: self._group_argv(g, write=False)[1] for g in queue
-                    if len(g) > 1 for p in g}
     free = list(range(len(self.slots)))
     while True:
       for name, (proc, slot) in list(self.running.items()):
@@ -290,7 +302,10 @@ class LocalLauncher:
         if any(workdir_lock.in_use(p.run_dir) for p in group):  # an earlier launcher's run
           continue
         queue.remove(group)
-        self._start(group, free.pop(0))
+        group = self._claim(group)
+        if group:
+          self._start(group, free.pop(0))
+      self.m.flush()
       counts = self.m.counts()
       if counts != shown[0] or time.time() - shown[1] >= self.progress_every:
         logging.info("%s", mf.progress_line(self.m, t0, self.durations, self.parallel))

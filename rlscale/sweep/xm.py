@@ -12,6 +12,8 @@ at most --parallel points run at once, each with its own GPUs (CUDA_VISIBLE_DEVI
 its own cores (taskset). sweep.json records each point's work unit as `<experiment id>/<work unit
 id>` and its status as the unit ends. A failed point never stops the others; run the command
 again to skip done points and retry the rest (partial ones resume from their checkpoints).
+A point starts only once this launcher has claimed it in the sweep's folder (manifest.Claims):
+two launches of one sweep share its points and never run one twice at once.
 
 On SIGINT or SIGTERM the launcher sends SIGTERM to each unit's process group (xm_local starts the
 unit's `sh -c` in a session of its own, and a shell does not pass signals on): the runs save, the
@@ -208,8 +210,17 @@ class XMLauncher:
   def run(self) -> dict[str, int]:
     """Run every point that is not done; the manifest's counts at the end."""
     use_sweep_database(self.m.sweep_dir)
-    asyncio.run(self._run())
+    try:
+      asyncio.run(self._run())
+    finally:
+      self.m.close()
     return self.m.counts()
+
+  async def _flush(self) -> None:
+    """sweep.json takes in the journal's changes while the units run (manifest.flush)."""
+    while True:
+      self.m.flush()
+      await asyncio.sleep(1.0)
 
   async def _run(self) -> None:
     from xmanager import xm_local
@@ -224,8 +235,12 @@ class XMLauncher:
         [executable] = experiment.package([packageable()])
         failed = await self._build_bases(experiment, executable, todo)
         queue = [p for p in todo if p.name not in failed]
-        await asyncio.gather(*(self._worker(experiment, executable, queue, slot)
-                               for slot in range(len(self.slots))))
+        flusher = asyncio.get_running_loop().create_task(self._flush())
+        try:
+          await asyncio.gather(*(self._worker(experiment, executable, queue, slot)
+                                 for slot in range(len(self.slots))))
+        finally:
+          flusher.cancel()
         self.ended = True
         raise _AllEnded
     except Exception:  # _AllEnded, or xm_local re-raising a unit that failed to start (recorded)
@@ -267,11 +282,11 @@ class XMLauncher:
       rc = await self._wait("base:" + key, await experiment.add(j))
       if rc != 0 and not self.stopping:
         error = [f"building the base policy {key} failed (exit {rc}); {log}:"] + mf.tail(log)
-        for p in group:
-          e = self.m.entry(p.name)
+        entries = [self.m.entry(n) for n in self.m.claim([p.name for p in group])]
+        for e in entries:
           e.status, e.error = mf.FAILED, error
-          failed.add(p.name)
-        self.m.save()
+          failed.add(e.name)
+        self.m.save(entries)
     return failed
 
   async def _worker(self, experiment, executable, queue: list[Point], slot: int) -> None:
@@ -282,6 +297,8 @@ class XMLauncher:
         await asyncio.sleep(self.poll)
       if self.stopping:
         return
+      if not self.m.claim([p.name]):  # another launcher holds it, or ran it meanwhile
+        continue
       e = self.m.entry(p.name)
       e.status, e.started, e.returncode, e.error = mf.RUNNING, time.time(), None, []
       e.attempts += 1
@@ -294,7 +311,7 @@ class XMLauncher:
         self._finish(e, None)
         continue
       e.job_id = f"{experiment.experiment_id}/{unit.work_unit_id}"
-      self.m.save()
+      self.m.save([e])
       rc = await self._wait(p.name, unit, p.run_dir)
       self._finish(e, rc)
 
@@ -302,7 +319,7 @@ class XMLauncher:
     mf.finish(e, rc, self.stopping)
     if e.status == mf.DONE:
       self.durations.append(e.duration_s)
-    self.m.save()
+    self.m.save([e])
     logging.info("%s", mf.progress_line(self.m, self.t0, self.durations, self.parallel))
 
   def _stop(self, signum: int) -> None:
