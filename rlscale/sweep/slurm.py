@@ -13,7 +13,11 @@ What is submitted, in `<sweep dir>/slurm/`:
                     N = --parallel), `--dependency=afterok:<base jobs>`. Task i runs point i of
                     the manifest with srun on nodes x tasks_per_node processes, which start
                     jax.distributed from Slurm's variables; its output is appended to the
-                    point's launch.log.
+                    point's launch.log. Task ids stay below the cluster's MaxArraySize
+                    (`scontrol show config`; Slurm's default 1001 when it does not say): a
+                    sweep with more points is several arrays, the k-th running points
+                    k*MaxArraySize + task id and, with --parallel, waiting for the one before
+                    (afterany) so that N stays the limit on points at once.
 Preemption: `--signal=USR2@<signal_seconds>` reaches the runs (not the batch shell) before the
 time limit; a run saves its step and exits 75 (as on SIGTERM), and the task requeues itself
 (`scontrol requeue`), so it resumes from its checkpoint. `--requeue` lets Slurm requeue it after
@@ -23,7 +27,9 @@ a preemption or a node failure too.
 same command again to see where they stand (squeue for live jobs, sacct for finished ones):
 queued or running jobs are left alone, points that failed or were preempted are submitted again
 (resuming their checkpoints), done points are skipped. The settings and their checks are in
-slurm_settings.py, what squeue and sacct say in slurm_queue.py.
+slurm_settings.py, what squeue and sacct say in slurm_queue.py. Two launches at once never
+submit a point twice: each submits only points it has claimed in the sweep's folder
+(manifest.Claims), and reads what the other recorded before it looks at the queue.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from rlscale.config.errors import ConfigError
 from rlscale.trainer.preemption import EXIT_REQUEUE
 from rlscale.sweep import manifest as mf
 from rlscale.sweep.points import Point
-from rlscale.sweep.slurm_queue import QUEUED, JobState, array_spec, job_states
+from rlscale.sweep.slurm_queue import QUEUED, JobState, array_spec, job_states, max_array_size
 from rlscale.sweep.slurm_settings import check, current_settings
 
 # After the first process of a point ends, the others get this long to end too (finish a save)
@@ -72,6 +78,7 @@ class SlurmLauncher:
     self.s = settings if settings is not None else current_settings()
     check(self.s)
     self.dir = os.path.join(m.sweep_dir, "slurm")
+    self.max_array_size: int | None = None  # the cluster's, asked once
 
   # --- the scripts ---
 
@@ -132,14 +139,30 @@ class SlurmLauncher:
     return ["# setup (--slurm.setup)", *self.s.setup.strip().splitlines()] if \
         self.s.setup.strip() else []
 
-  def array_script(self, entries: list[mf.Entry], name: str) -> str:
+  def _index(self) -> dict[str, int]:
+    return {e.name: i for i, e in enumerate(self.m.points)}
+
+  def arrays(self, entries: list[mf.Entry]) -> list[tuple[int, list[mf.Entry]]]:
+    """The entries as job arrays the cluster takes: [(offset, entries)], task id = a point's
+    index in the manifest - offset, below MaxArraySize."""
+    if self.max_array_size is None:
+      self.max_array_size = max_array_size()
+    size, index = self.max_array_size, self._index()
+    out: dict[int, list[mf.Entry]] = {}
+    for e in entries:
+      out.setdefault(index[e.name] // size * size, []).append(e)
+    return sorted(out.items())
+
+  def array_script(self, entries: list[mf.Entry], name: str, offset: int = 0) -> str:
     s = self.s
-    index = {e.name: i for i, e in enumerate(self.m.points)}
-    indices = [index[e.name] for e in entries]
+    index = self._index()
+    indices = [index[e.name] - offset for e in entries]
     out = os.path.join(os.path.abspath(self.dir), f"{name}-%A_%a.out")
     lines = ["#!/bin/bash",
              f"# Sweep {self.m.sweep} of {self.config}: {_points(len(entries))} as one job array",
              "# (rlscale/sweep/slurm.py). Task i runs point i below with srun, its output in",
+             *([f"# (point i is point {offset} + i of the sweep: task ids stay below the "
+                "cluster's MaxArraySize.)"] if offset else []),
              "# <run dir>/launch.log. A run that exits 75 (SIGUSR2 before the time limit, or",
              "# preempted) saved its step: the task requeues itself and resumes from there.",
              f"#SBATCH --array={array_spec(indices, self.parallel)}",
@@ -199,20 +222,31 @@ class SlurmLauncher:
       path = os.path.join(self.dir, f"base-{os.path.basename(key)}.sh")
       out.append(f"# sbatch --parsable {path}\n{self.base_script(key, p)}")
       deps.append(f"<base job {n + 1}>")
-    path = os.path.join(self.dir, "points-1.sh")
-    dep = f"--dependency=afterok:{':'.join(deps)} " if deps else ""
-    out.append(f"# sbatch --parsable {dep}{path}\n{self.array_script(entries, 'points-1')}")
+    for k, (offset, chunk) in enumerate(self.arrays(entries)):
+      name = f"points-{k + 1}"
+      dep = self._dependency(deps, f"<array {k}>" if k else None)
+      dep = f"--dependency={dep} " if dep else ""
+      out.append(f"# sbatch --parsable {dep}{os.path.join(self.dir, name + '.sh')}\n"
+                 f"{self.array_script(chunk, name, offset)}")
     return "\n".join(out) + (f"# {_points(len(entries))}; a launch leaves out those done or "
                              "queued (sweep.json) and base policies already built")
 
+  def _dependency(self, base_jobs: list[str], previous: str | None) -> str:
+    """--dependency: the base policies built (afterok); with --parallel, the array before
+    ended (afterany), so that no more than --parallel points run at once."""
+    parts = [f"afterok:{':'.join(base_jobs)}"] if base_jobs else []
+    if previous and self.parallel:
+      parts.append(f"afterany:{previous}")
+    return ",".join(parts)
+
   # --- submitting and following ---
 
-  def _sbatch(self, script: str, path: str, dependency: list[str]) -> str:
+  def _sbatch(self, script: str, path: str, dependency: str = "") -> str:
     with open(path, "w") as f:
       f.write(script)
     argv = ["sbatch", "--parsable"]
     if dependency:
-      argv.append("--dependency=afterok:" + ":".join(dependency))
+      argv.append("--dependency=" + dependency)
     argv.append(path)
     out = subprocess.run(argv, capture_output=True, text=True)
     lines = out.stdout.strip().splitlines()
@@ -224,8 +258,9 @@ class SlurmLauncher:
 
   def refresh(self, lost: str | None = mf.PENDING) -> None:
     """Each point's status from its job's state. A job Slurm no longer knows of gets `lost`
-    (None: keep the status; right after a submission accounting may not list it yet)."""
-    live = [e for e in self.m.points if e.job_id and e.status != mf.DONE]
+    (None: keep the status; right after a submission accounting may not list it yet). Points
+    another launcher holds are its to follow."""
+    live = [e for e in self.m.points if e.job_id and e.status != mf.DONE and self.m.writes(e)]
     ours = [e.job_id for e in live if _JOB.fullmatch(e.job_id)]  # not a local launcher's pid
     states = job_states(ours) if ours else {}
     for e in live:
@@ -268,38 +303,54 @@ class SlurmLauncher:
     if not shutil.which("sbatch"):
       raise ConfigError("--launcher=slurm: sbatch is not on PATH; launch from a Slurm login node "
                         "(or see the scripts with --dry_run)")
+    try:
+      return self._submit()
+    finally:
+      self.m.close()
+
+  def _submit(self) -> dict[str, int]:
+    names = [e.name for e in self.m.points if e.name in self.points and e.status != mf.DONE]
+    mine = set(self.m.claim(names, adopt_runs=True))  # what another launch submitted, as it is
     self.refresh()
     todo = [e for e in self.m.points
-            if e.name in self.points and e.status not in (mf.DONE, mf.RUNNING)]
+            if e.name in mine and e.status not in (mf.DONE, mf.RUNNING)]
     for e in todo:
       if e.status == mf.FAILED:
         logging.info("sweep: retrying %s, which failed: %s", e.name, e.error[0] if e.error else "")
     if not todo:
       self.m.save()
       c = self.m.counts()
+      theirs = f", {len(self.m.theirs)} another launcher's" if self.m.theirs else ""
       print(f"sweep {self.m.sweep}: nothing to submit ({c[mf.DONE]} done, {c[mf.RUNNING]} "
-            f"queued or running, see {self.m.path})")
+            f"queued or running{theirs}, see {self.m.path})")
       return c
     os.makedirs(self.dir, exist_ok=True)
     base_jobs = []
     for key, p in self._base_groups(todo).items():
       path = os.path.join(self.dir, f"base-{os.path.basename(key)}.sh")
-      base_jobs.append(self._sbatch(self.base_script(key, p), path, []))
+      base_jobs.append(self._sbatch(self.base_script(key, p), path))
       print(f"sweep {self.m.sweep}: base policy {key}: job {base_jobs[-1]} ({path}, log "
             f"{self._base_log(key)})")
     n = 1 + sum(bool(re.fullmatch(r"points-\d+\.sh", f)) for f in os.listdir(self.dir))
-    path = os.path.join(self.dir, f"points-{n}.sh")
-    array = self._sbatch(self.array_script(todo, f"points-{n}"), path, base_jobs)
-    index = {e.name: i for i, e in enumerate(self.m.points)}
-    for e in todo:
-      e.status, e.job_id, e.started = mf.RUNNING, f"{array}_{index[e.name]}", time.time()
-      e.attempts, e.returncode, e.duration_s, e.error = e.attempts + 1, None, None, []
-    self.m.save()
+    index, arrays, paths = self._index(), [], []
+    for k, (offset, chunk) in enumerate(self.arrays(todo)):
+      paths.append(os.path.join(self.dir, f"points-{n + k}.sh"))
+      arrays.append(self._sbatch(self.array_script(chunk, f"points-{n + k}", offset), paths[-1],
+                                 self._dependency(base_jobs, arrays[-1] if arrays else None)))
+      for e in chunk:
+        e.status, e.job_id, e.started = mf.RUNNING, f"{arrays[-1]}_{index[e.name] - offset}", \
+            time.time()
+        e.attempts, e.returncode, e.duration_s, e.error = e.attempts + 1, None, None, []
+      self.m.save(chunk)  # at once: a later sbatch that fails leaves these recorded
     self.refresh(lost=None)  # a job that failed at once (or a fake Slurm that ran it) shows now
     self.m.save()
     after = f", after base policy job {','.join(base_jobs)}" if base_jobs else ""
-    print(f"sweep {self.m.sweep}: submitted {_points(len(todo))} as job array {array} "
-          f"({path}){after}\n  watch: squeue -j {array}; sacct -j {array}; "
-          f"tail -f <point>/launch.log\n  run the same command again to update {self.m.path} "
-          "and resubmit what failed or was preempted")
+    where = (f"job array {arrays[0]} ({paths[0]})" if len(arrays) == 1 else
+             f"{len(arrays)} job arrays {', '.join(arrays)} ({', '.join(paths)}; task ids stay "
+             f"below MaxArraySize{', one array after another' if self.parallel else ''})")
+    jobs = ",".join(arrays)
+    print(f"sweep {self.m.sweep}: submitted {_points(len(todo))} as {where}{after}\n"
+          f"  watch: squeue -j {jobs}; sacct -j {jobs}; tail -f <point>/launch.log\n"
+          f"  run the same command again to update {self.m.path} and resubmit what failed or "
+          "was preempted")
     return self.m.counts()

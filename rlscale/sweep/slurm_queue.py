@@ -16,6 +16,27 @@ QUEUED = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONF
           "COMPLETING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
 
 
+DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's default MaxArraySize: task ids 0 to 1000
+
+
+def max_array_size(timeout: float = 30.0) -> int:
+  """The cluster's MaxArraySize (`scontrol show config`): a job array's task ids stay below it.
+  Slurm's default, 1001, when scontrol is missing, fails or does not answer within `timeout`
+  seconds (a client whose controller is down tries for about 10 s)."""
+  try:
+    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
+                         timeout=timeout)
+    m = re.search(r"^\s*MaxArraySize\s*=\s*(\d+)\s*$", out.stdout, re.MULTILINE)
+    size = int(m.group(1)) if m and not out.returncode else 0
+  except (OSError, subprocess.SubprocessError):
+    size = 0
+  if size > 0:
+    return size
+  logging.info("sweep: scontrol show config gave no MaxArraySize; assuming Slurm's default, %d",
+               DEFAULT_MAX_ARRAY_SIZE)
+  return DEFAULT_MAX_ARRAY_SIZE
+
+
 def array_spec(indices: list[int], parallel: int) -> str:
   """`0-3,5,7-9%2`: the task indices as Slurm's ranges, with the limit on tasks at once."""
   parts, start = [], None
