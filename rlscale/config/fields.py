@@ -148,6 +148,9 @@ def _train(errors: list[str], cfg) -> None:
           why=" (at 0 orbax deletes every checkpoint it saves)")
   if "keep_period" in t:
     integer(errors, "train.keep_period", t.keep_period, minimum=0)
+  if "peer_timeout_s" in t:
+    integer(errors, "train.peer_timeout_s", t.peer_timeout_s,
+            why=" (whole seconds: jax.distributed's heartbeat timeout)")
   for f in ("async_checkpoint", "tensorboard"):
     boolean(errors, f"train.{f}", t[f])
   if "peak_flops" in t:

@@ -159,6 +159,10 @@ def run(num_steps: int) -> ml_collections.ConfigDict:
   # critical-batch probe can branch from (launch/cbs_probe.py).
   c.keep_period = 0
   c.async_checkpoint = True  # write checkpoints while the next steps run
+  # Several processes: one that sends jax.distributed no heartbeat for this many seconds (killed,
+  # its host lost) is lost, and the others stop with exit status 75 to be requeued
+  # (rlscale/run/supervise.py). Whole seconds; no number the run computes depends on it.
+  c.peer_timeout_s = 100
   c.log_every = 10  # console progress line every N steps
   c.tensorboard = True  # TensorBoard event files beside metrics.jsonl
   c.peak_flops = 0.0  # peak FLOP/s of one device for MFU; 0: known accelerators only, not CPU

@@ -14,21 +14,26 @@ import jax
 import numpy as np
 from absl import logging
 
+from rlscale.parallel import declared
+
 _started = False
 
-
-def _declared_processes() -> int:
-  for var in ("JAX_NUM_PROCESSES", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):
-    if os.environ.get(var):
-      return int(os.environ[var])
-  hosts = os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("TPU_HOSTNAMES")
-  return len(hosts.split(",")) if hosts else 1
+# train.peer_timeout_s when a config lacks it: JAX's own heartbeat timeout, what every run used
+# before the field existed.
+PEER_TIMEOUT_S = 100
 
 
-def initialize() -> None:
-  """Start jax.distributed once when launched as several processes."""
+def initialize(peer_timeout_s: int = PEER_TIMEOUT_S) -> None:
+  """Start jax.distributed once when launched as several processes.
+
+  `peer_timeout_s` (train.peer_timeout_s) is jax.distributed's heartbeat timeout: a process
+  that sends no heartbeat for that long is lost, and XLA's coordination service then ends
+  every other process (it aborts them; the command line's supervisor, rlscale/run/supervise.py,
+  turns that into one line and exit status 75). A lost process 0, which hosts the service, ends
+  the others as soon as their connection to it breaks.
+  """
   global _started
-  if _started or _declared_processes() <= 1:
+  if _started or declared.processes() <= 1:
     return
   kwargs = {}
   if os.environ.get("JAX_COORDINATOR_ADDRESS"):  # explicit: address, count, id
@@ -39,10 +44,12 @@ def initialize() -> None:
       kwargs["local_device_ids"] = [int(i) for i in os.environ["JAX_LOCAL_DEVICE_IDS"].split(",")]
   if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS") == "cpu":
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(**kwargs)  # Slurm, Open MPI and TPU pods are detected by JAX
+  # Slurm, Open MPI and TPU pods are detected by JAX.
+  jax.distributed.initialize(**kwargs, heartbeat_timeout_seconds=int(peer_timeout_s))
   _started = True
-  logging.info("jax.distributed: process %d of %d, %d local of %d devices", jax.process_index(),
-               jax.process_count(), jax.local_device_count(), jax.device_count())
+  logging.info("jax.distributed: process %d of %d, %d local of %d devices; a process lost for "
+               "%d s (train.peer_timeout_s) stops the run", jax.process_index(),
+               jax.process_count(), jax.local_device_count(), jax.device_count(), peer_timeout_s)
 
 
 def process_rows(n: int) -> slice:

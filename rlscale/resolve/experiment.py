@@ -156,9 +156,19 @@ def recipe_folder(cfg: ml_collections.ConfigDict, sft_cfg: ml_collections.Config
   return os.path.join(cfg.init.cache_dir, f"sft-{config_hash(sft_cfg, ('mesh',))}")
 
 
+# Fields the hash leaves out: added after runs were named by it, and changing no number a run
+# computes; a run directory and a cached base policy keep the name they had before.
+UNHASHED = ("train.peer_timeout_s",)
+
+
 def config_hash(cfg: ml_collections.ConfigDict, drop: tuple[str, ...] = ()) -> str:
-  """A short stable hash of the config's content (sections in `drop` left out)."""
+  """A short stable hash of the config's content (sections in `drop` left out, and the fields
+  in UNHASHED)."""
   d = {k: v for k, v in cfg.to_dict().items() if k not in drop}
+  for field in UNHASHED:
+    section, _, name = field.rpartition(".")
+    if isinstance(d.get(section), dict) and name in d[section]:
+      d[section] = {k: v for k, v in d[section].items() if k != name}
   blob = json.dumps(d, sort_keys=True, default=str)
   return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -168,7 +178,8 @@ def config_hash(cfg: ml_collections.ConfigDict, drop: tuple[str, ...] = ()) -> s
 # these fields existed (filled with the layout it ran: shared_prompt False, pack_responses
 # False, decode_chunk 64) resumes under the new defaults with no flag.
 FREE_TO_CHANGE = ("train.log_every", "train.tensorboard", "train.async_checkpoint",
-                  "train.shared_prompt", "train.pack_responses", "rollout.decode_chunk")
+                  "train.shared_prompt", "train.pack_responses", "rollout.decode_chunk",
+                  "train.peer_timeout_s")
 
 
 def _inert(key: str, old: dict, new: dict) -> bool:

@@ -53,7 +53,7 @@ def main(argv):
   from rlscale.run import logs
   from rlscale.run import train
   logs.quiet_libraries()
-  distributed.initialize()
+  distributed.initialize(_peer_timeout(_CONFIG.value))
   import jax
   logging.info("process %d of %d, %d local devices of %d (%s)", jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count(),
@@ -70,6 +70,20 @@ def main(argv):
     return
   train.main(_CONFIG.value, _WORKDIR.value, config_file=config_file,
              allow_config_change=tuple(_ALLOW.value), base_policy_only=_BASE_ONLY.value)
+
+
+def _peer_timeout(cfg) -> int:
+  """train.peer_timeout_s, checked before jax.distributed starts with it (the resolve step,
+  which checks every other field, comes later)."""
+  from rlscale.config import fields
+  from rlscale.parallel import distributed
+  value = cfg.get("train", {}).get("peer_timeout_s", distributed.PEER_TIMEOUT_S)
+  errors = []
+  fields.integer(errors, "train.peer_timeout_s", value,
+                 why=" (whole seconds: jax.distributed's heartbeat timeout)")
+  if errors:
+    raise ConfigError(errors[0])
+  return value
 
 
 def _count_lanes(path: str) -> int:
