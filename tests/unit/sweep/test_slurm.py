@@ -49,7 +49,9 @@ def launcher(tmp_path, sweep, config=FAKE_CONFIG, parallel=0, **settings):
 
 # --- the scripts ---
 
-def test_dry_run_prints_the_scripts_with_the_resources(tmp_path):
+def test_dry_run_prints_the_scripts_with_the_resources(tmp_path, fake_slurm):
+  # fake_slurm: the dry run asks scontrol for MaxArraySize, and the fake answers at once (a
+  # real client whose controller is down takes ~10 s to say nothing).
   config = os.path.join(REPO, "configs", "grpo.py:tiny")
   text = launcher(tmp_path, "batch_invariance", config, parallel=4, nodes=2, gpus_per_node=8,
                   tasks_per_node=8, cpus_per_task=6, partition="gpu", time="1-00:00:00",
@@ -122,7 +124,7 @@ def test_times_and_array_specs():
   assert slurm_queue.expand_array("12_3") == ["12_3"]
 
 
-def test_command_line_settings_and_mistakes(tmp_path):
+def test_command_line_settings_and_mistakes(tmp_path, fake_slurm):
   """A site file (--slurm=FILE) with single fields overridden; an unknown field in one line."""
   with open(slurm_config.__file__) as f:
     site = f.read().replace('c.partition = ""', 'c.partition = "site"')
