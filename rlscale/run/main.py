@@ -8,7 +8,9 @@ A user's mistake (a config field, a flag, a path) is refused before any compute 
 `error: <message>` on stderr with exit status 2; `--verbose` shows the Python traceback too.
 A SIGTERM or SIGUSR2 (preemption) stops the run at the next step boundary with that step saved,
 one line on stderr and exit status 75 (preemption.EXIT_REQUEUE): run the same command again
-to resume.
+to resume. A process of a multi-process run whose peer is lost (killed, its host down) stops
+within train.peer_timeout_s with one line naming it and exit status 75 too: the command runs
+as the child of a supervisor that turns XLA's abort into that (rlscale/run/supervise.py).
 """
 
 import difflib
@@ -20,7 +22,7 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rlscale.run import command_line
+from rlscale.run import command_line, supervise
 from rlscale.config import files as config_files
 from rlscale.trainer import preemption
 from rlscale.config.errors import ConfigError
@@ -172,6 +174,8 @@ _NOT_A_DIRECTORY = (errno.EPERM, errno.ENOENT, errno.ENOTDIR)
 
 def run() -> None:
   """The console script `rlscale`."""
+  if supervise.wanted():  # several processes: this one only watches the run's (a child)
+    sys.exit(supervise.run())
   verbose = command_line.verbose(sys.argv)
   try:
     try:

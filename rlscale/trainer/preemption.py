@@ -15,6 +15,10 @@ bytecodes, and XLA's compiler is one long call). A watchdog thread, woken by the
 of this process finished there is nothing new to save, and the last checkpoint is intact. Once
 steps run, it gives the step in flight GRACE_S seconds (RLSCALE_PREEMPT_GRACE_S) to reach its
 boundary and save, then stops without it.
+
+The same signal again within DUPLICATE_S is the first one delivered twice, not a second: a
+scheduler that signals every process of a job (Slurm) reaches a supervised run's process both
+directly and through its supervisor, which forwards what it gets (rlscale/run/supervise.py).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import time
 EXIT_REQUEUE = 75
 
 _requested: list[int] = []
+_first_at: list[float] = []  # when the first signal came (time.monotonic)
+DUPLICATE_S = 1.0
 GRACE_S = float(os.environ.get("RLSCALE_PREEMPT_GRACE_S", "30"))
 _watching: list[bool] = []
 _armed = threading.Event()  # the watchdog acts on signals (install(watchdog=False) stops it)
@@ -45,10 +51,17 @@ class Preempted(Exception):
     self.step = step
 
 
+def _duplicate(signum: int, first: int, first_at: float) -> bool:
+  return signum == first and time.monotonic() - first_at < DUPLICATE_S
+
+
 def _handler(signum, frame):
   if _requested:  # the second signal: stop now
+    if _first_at and _duplicate(signum, _requested[0], _first_at[0]):
+      return
     raise KeyboardInterrupt(f"signal {signum} (second)")
   _requested.append(signum)
+  _first_at[:] = [time.monotonic()]
 
 
 def install(signals=(signal.SIGTERM, signal.SIGUSR2), watchdog: bool = True) -> None:
@@ -72,12 +85,15 @@ def install(signals=(signal.SIGTERM, signal.SIGUSR2), watchdog: bool = True) -> 
 
 
 def _watch(fd: int, signals: set[int]) -> None:
-  seen = 0
+  seen, first = 0, None  # first: (signal, when it was read)
   while True:
     for signum in os.read(fd, 64):
       if signum not in signals or not _armed.is_set():
         continue
+      if first is not None and _duplicate(signum, *first):
+        continue
       seen += 1
+      first = first or (signum, time.monotonic())
       if seen > 1:
         _stop_now(f"signal {signum} again: stopping now")
       if not _steps_finished.is_set():
@@ -121,4 +137,5 @@ def requested() -> bool:
 
 def reset() -> None:
   _requested.clear()
+  _first_at.clear()
   _steps_finished.clear()
