@@ -2,8 +2,10 @@
 
 `final_answer` + `same_answer` are the "numeric" grader of old runs and stay as they were. The
 extraction below (`extract_answer`, `reference_answer`, `canonical_number`) feeds the graders of
-rlscale/tasks/graders.py: every scan is a linear pass or a regex without nested repetition, so
-a long or hostile response costs time linear in its length.
+rlscale/tasks/graders.py: every scan is a linear pass or a regex whose repetitions cannot trade
+characters between them (none nested, none side by side over the same characters), so a long
+or hostile response costs time linear in its length (tests/unit/tasks/test_graders.py times
+hostile shapes at the graders' cap).
 """
 
 from __future__ import annotations
@@ -88,7 +90,9 @@ def normalize_text(text: str) -> str:
 # --- extraction for the graders (rlscale/tasks/graders.py) ---
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 # "#### 72" (GSM8K), "The answer is 5", "Final answer: 5", "**Answer:** 5", "Answer is: 5".
-_ANCHOR = re.compile(r"####|\b(?:final\s+)?answer\b(?:\s*\**\s*(?:is\b\s*:?|[:：]))", re.I)
+# The space around the stars splits one way only: `\s*\**\s*` read "answer" and 20,000 spaces in
+# 15 s, trying every split.
+_ANCHOR = re.compile(r"####|\b(?:final\s+)?answer\b(?:\s*(?:\*+\s*)?(?:is\b\s*:?|[:：]))", re.I)
 _HOPE = ("i hope it is correct.", "i hope it is correct")  # Minerva's closing line
 _DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"), ("**", "**"))
 _LAST_NUMBER = re.compile(

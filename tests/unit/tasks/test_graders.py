@@ -237,8 +237,12 @@ def test_plain_equal_decides_only_what_it_can():
 
 
 def test_extraction_is_linear_on_long_text():
+  """At the response cap; "answer" and a million spaces took hours (15 s at 20,000) when the
+  anchor's pattern could split the spaces around its optional stars in many ways."""
   for text in ("<answer>" * 100_000, " " * 1_000_000, "answer: " * 100_000, "{" * 500_000,
-               "\\boxed{" * 100_000, "1," * 400_000):
+               "\\boxed{" * 100_000, "1," * 400_000, "answer" + " " * 999_990 + "x",
+               "Final answer" + " " * 999_980 + "*" * 5 + "x", "answer **" + "*" * 999_990,
+               "1 " * 500_000, "1" + " " * 999_998 + "x"):
     start = time.monotonic()
     verifiers.extract_answer(text)
     assert time.monotonic() - start < 5.0  # about 0.5 s at most; a quadratic scan takes minutes
