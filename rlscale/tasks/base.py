@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import abc
+import collections
 import dataclasses
+import functools
+import math
+import numbers
 from typing import Any, Protocol, Sequence
 
 import numpy as np
@@ -28,10 +32,17 @@ class Problem:
   meta: Any = None  # task-specific data a verifier may need
 
 
+TIMEOUT = "timeout"  # the check ran past the grader's time limit
+INVALID = "invalid"  # no text a grader may read, or a verifier's result that is no score
+
+
 @dataclasses.dataclass(frozen=True)
 class Score:
   reward: float  # in [0, 1]
   correct: bool
+  # Why the response scored 0 without a verdict: "" (it was graded), TIMEOUT or INVALID.
+  # Counted in the step's metrics (Task.failures); left out of comparisons.
+  failure: str = dataclasses.field(default="", compare=False)
 
 
 class Task(abc.ABC):
@@ -73,26 +84,48 @@ class Task(abc.ABC):
   def problems(self, start: int, n: int) -> list[Problem]:
     return [self.problem(i) for i in range(start, start + n)]
 
+  @functools.cached_property
+  def failures(self) -> collections.Counter:
+    """Responses this task scored 0 without a verdict, by why (TIMEOUT, INVALID); the trainer
+    reports each step's increase (rollout.failure_metrics)."""
+    return collections.Counter()
+
   def score(self, response_ids: Sequence[int], finished: bool, problem: Problem) -> Score:
-    """A response that ran out of tokens before EOS, or that holds an id no answer may contain
-    (see `response_text`), scores 0. `response_ids` come without their final EOS."""
+    """A response that ran out of tokens before EOS scores 0. One that holds an id no answer
+    may contain or bytes that are no UTF-8 (see `response_text`), whose verifier raises or
+    returns no score (see `checked`), or whose check ran out of time, scores 0 and is counted
+    in `failures`. `response_ids` come without their final EOS."""
     if not finished:
       return Score(0.0, False)
     try:
       text = response_text(self.tokenizer, response_ids)
-      if text is None:
-        return Score(0.0, False)
-      s = self.verify(text, problem)
+      s = Score(0.0, False, INVALID) if text is None else checked(self.verify(text, problem))
     except Exception:  # a verifier bug or pathological text must not end a run
-      return Score(0.0, False)
-    reward = float(s.reward) if np.isfinite(s.reward) else 0.0
-    return Score(min(max(reward, 0.0), 1.0), bool(s.correct))
+      s = Score(0.0, False, INVALID)
+    if s.failure:
+      self.failures[s.failure] += 1
+    return s
+
+
+def checked(s: Any) -> Score:
+  """A verifier's result as a Score: its own when the reward is a real number in [0, 1]; 0 and
+  INVALID for anything else (NaN, inf, a string, None, a reward outside [0, 1], no Score)."""
+  if not isinstance(s, Score):
+    return Score(0.0, False, INVALID)
+  r = s.reward
+  if (not isinstance(r, numbers.Real) or isinstance(r, (bool, np.bool_))
+      or not math.isfinite(r) or not 0.0 <= r <= 1.0):
+    return Score(0.0, False, INVALID)
+  if s.failure:  # a grader's own: scored 0 already
+    return Score(0.0, False, TIMEOUT if s.failure == TIMEOUT else INVALID)
+  return Score(float(r), bool(s.correct))
 
 
 def response_text(tokenizer: Tokenizer, ids: Sequence[int]) -> str | None:
   """The text a verifier sees, or None when the response holds an id the policy must not emit
   mid-answer: a special token (pad, BOS, EOS, template markers) or an id outside the
-  tokenizer's vocabulary (a model's spare rows; the sampler draws from all of them).
+  tokenizer's vocabulary (a model's spare rows; the sampler draws from all of them); or when
+  its bytes are no UTF-8 (a byte-level tokenizer decodes a broken sequence to U+FFFD).
 
   Decoding with special tokens skipped would drop such ids silently (`4 <pad> 6` would read
   `46`), and a Hugging Face tokenizer also drops ids it does not know. An id is special when
@@ -102,7 +135,9 @@ def response_text(tokenizer: Tokenizer, ids: Sequence[int]) -> str | None:
   if any(not 0 <= i < tokenizer.vocab_size for i in ids):
     return None
   text = tokenizer.decode(ids, skip_special_tokens=True)
-  return text if tokenizer.decode(ids, skip_special_tokens=False) == text else None
+  if "\ufffd" in text or tokenizer.decode(ids, skip_special_tokens=False) != text:
+    return None
+  return text
 
 
 def turn_end_id(tokenizer: Tokenizer) -> int:

@@ -255,6 +255,7 @@ class RLTrainer:
     """Dynamic sampling's step: rounds until P informative groups (refill.py), then the
     update on them; the groups without signal left when the rounds ran out carry no loss."""
     t, estimate = time.time(), self.refill.estimate()  # what sized this step's round 1
+    failures = rollout.failures_now(self.env.task)
     first, b.rollout = b.rollout, None  # the rounds drop each call once it is written
     f = self.refill.run(self.sampler_params, jax.random.fold_in(self.step_key(step), 0),
                         b.stream_first, first, max(b.t_dispatch, t_start))
@@ -274,6 +275,7 @@ class RLTrainer:
     gr = f.groups
     host.update(rollout.group_metrics(gr.cat("rewards"), gr.cat("correct"), gr.cat("finished"),
                                       gr.cat("lengths")))
+    host.update(rollout.failure_metrics(self.env.task, failures))
     rmask = distributed.host_local(f.mask)
     plen, rlen = pmask.sum(axis=1), rmask.sum(axis=1)
     trained_rows = np.repeat(f.trained[self.rows], g)

@@ -14,7 +14,10 @@ from rlscale.parallel import roles
 from rlscale.parallel import sharding
 from rlscale.rl.update import SequenceBatch
 from rlscale.sampling import Rollout
-from rlscale.tasks.base import Problem, Task, left_pad
+from rlscale.tasks.base import INVALID, TIMEOUT, Problem, Task, left_pad
+
+# Responses scored 0 without a verdict (Score.failure), counted per step over every process.
+FAILURE_METRICS = {TIMEOUT: "reward/grader_timeouts", INVALID: "reward/invalid"}
 
 
 def prompts(task: Task, problems: Sequence[Problem], group_size: int = 1):
@@ -80,6 +83,21 @@ def reward_metrics(rewards, correct, finished, resp_mask, group_size: int) -> di
           "response_tokens": int(g_sum(lengths.sum()))}
 
 
+def failures_now(task: Task) -> dict[str, int]:
+  """The task's count of responses scored 0 without a verdict, by why, so far (zeros for a
+  task without the counter)."""
+  seen = getattr(task, "failures", {})
+  return {kind: int(seen.get(kind, 0)) for kind in FAILURE_METRICS}
+
+
+def failure_metrics(task: Task, before: dict[str, int]) -> dict[str, int]:
+  """Responses this process's task scored 0 without a verdict since `before`
+  (`failures_now`), summed over every process: reward/grader_timeouts, reward/invalid."""
+  now = failures_now(task)
+  return {name: int(distributed.global_sum(now[kind] - before[kind]))
+          for kind, name in FAILURE_METRICS.items()}
+
+
 def group_metrics(rewards_GxN, correct, finished, lengths) -> dict[str, Any]:
   """`reward_metrics` of groups every process holds whole (dynamic sampling gathers them):
   [groups, G] arrays of every response generated in the step."""
@@ -109,8 +127,10 @@ def score_step(task: Task, problems: Sequence[Problem], group_size: int, tokens:
   """Score a step's responses (G per problem, in order) and its host metrics."""
   from rlscale.trainer import group_filter
   repeated = [p for p in problems for _ in range(group_size)]
+  before = failures_now(task)
   rewards, correct, finished = score(task, repeated, tokens, resp_mask, task.tokenizer.eos_ids)
   metrics = reward_metrics(rewards, correct, finished, resp_mask, group_size)
+  metrics.update(failure_metrics(task, before))
   plen, rlen = prompt_mask.sum(axis=1), resp_mask.sum(axis=1)
   metrics["train_tokens"] = int(distributed.global_sum(rlen.sum() + plen.sum()))
   codes = group_filter.group_signal(rewards.reshape(-1, group_size),
