@@ -33,6 +33,9 @@ setup(
         # Math answers compared as the community does (boxed and final-line answers, numeric and
         # symbolic equivalence through sympy), with a time limit per check (tasks/graders.py).
         "math-verify>=0.8",
+        # task.grader='regex': the user's pattern with a time limit per search, which Python's
+        # re cannot interrupt (rlscale/tasks/graders.py).
+        "regex>=2022.1.18",
         "tensorboardX>=2.6",  # TensorBoard event files without TensorFlow
         # analysis/: tables, figures and fits of a sweep's report (analysis/report.py).
         "pandas>=2.2",

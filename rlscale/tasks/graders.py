@@ -15,25 +15,36 @@
 - exact: the extracted answer (box, tag, anchored line, else the whole response) equals the
   reference after whitespace, case and trailing-period normalization.
 - regex: the last match of `task.grader_regex` (its first group, else the whole match)
-  compared as exact. The pattern is the user's and runs in the caller: one with nested
-  repetition can backtrack for long on a hostile response (responses are capped, not timed).
+  compared as exact. The pattern is the user's; it runs in the caller under the `regex`
+  module (Python re's syntax and matches), whose search stops at the time limit even inside
+  a catastrophic backtrack, which re cannot (its C loop never yields to a signal handler).
 
-Model text is parsed, never evaluated, and a grader never raises: any failure scores 0.
+Model text is parsed, never evaluated, and a grader never raises: any failure scores 0. A
+response scored 0 without a verdict says why in `Score.failure`, which the step's metrics
+count (rlscale/tasks/base.py): TIMEOUT for a check past the limit, INVALID for a response over
+MAX_RESPONSE_CHARS, input that is no text, or a check that raised.
 
-Time limit (`task.grader_timeout_s`). math-verify bounds its own work with signal.alarm: that
+Time limit (`task.grader_timeout_s`), for every grader. numeric and exact, and math's answer
+extraction in the caller, run only scans linear in the response's length
+(tests/unit/tasks/test_graders.py times hostile shapes at the cap); a numeric or exact check
+that still took longer on the wall clock scores 0 as a TIMEOUT.
+regex: the `regex` module ends a search (the whole `finditer`) after the limit in this
+process's CPU time, its clock, so a process whose other threads are busy stops it sooner and a
+machine whose other processes are busy later on the wall clock; the wall-clock rule of numeric
+and exact applies too. math: math-verify bounds its own work with signal.alarm: that
 works only in the main thread (elsewhere it raises), counts whole seconds, and a handler runs
 only between bytecodes, so a long C call (a big-integer power, a regex backtrack) outlasts it.
 Sympy on `9^{9^{9}}` or `10^{10^{10}}!` ran past 20 s without it (we stopped it there). Here
 every math-verify call runs in a persistent worker process instead (`_Worker`, started with
 subprocess, so a JAX parent is never forked); the caller waits on the worker's pipe with a
 deadline and, past it, kills the process and starts a fresh one, which imports in the background
-while the caller returns 0. The same path serves the main thread and any other, so the limit
-holds for both. Inside the worker an interval timer (the worker's own main thread) interrupts a
-check at 80% of the limit, so most slow checks answer 0 without costing a restart; the kill is
-the guarantee. The worker's address space is capped (WORKER_MEMORY), so a runaway expression
-ends in a MemoryError there, not in the host's OOM killer. Workers form a small pool (up to
-MAX_WORKERS, one per concurrent caller; a caller waits for a free one), shared by all graders of
-the process.
+while the caller returns 0 as a TIMEOUT (as it does when a worker dies or never starts). The
+same path serves the main thread and any other, so the limit holds for both. Inside the worker
+an interval timer (the worker's own main thread) interrupts a check at 80% of the limit, so
+most slow checks answer 0 without costing a restart; the kill is the guarantee. The worker's
+address space is capped (WORKER_MEMORY), so a runaway expression ends in a MemoryError there,
+not in the host's OOM killer. Workers form a small pool (up to MAX_WORKERS, one per concurrent
+caller; a caller waits for a free one), shared by all graders of the process.
 
 Keeping the common case fast: responses over MAX_RESPONSE_CHARS and answers over
 MAX_ANSWER_CHARS score 0 before any parsing; integers (all of GSM8K) are compared in the
@@ -54,7 +65,6 @@ import json
 import logging
 import os
 import queue
-import re
 import selectors
 import subprocess
 import sys
@@ -63,7 +73,7 @@ import time
 from typing import Any, Callable, Mapping
 
 from rlscale.tasks import verifiers
-from rlscale.tasks.base import Score
+from rlscale.tasks.base import INVALID, TIMEOUT, Score
 
 NAMES = ("math", "numeric", "exact", "regex")
 MAX_RESPONSE_CHARS = 1_000_000  # longer responses score 0 without being searched
@@ -79,42 +89,67 @@ _log = logging.getLogger(__name__)
 
 
 def make(cfg: Mapping[str, Any]) -> Grader:
-  """The grader named by `cfg.grader`; a bad name or pattern is refused here, naming the field."""
+  """The grader named by `cfg.grader`; a bad name, pattern or time limit is refused here, naming
+  the field."""
   name = cfg["grader"]
+  if name not in NAMES:
+    raise ValueError(f"task.grader={name!r}; known: {NAMES}")
+  timeout_s = _time_limit(cfg["grader_timeout_s"])
   if name == "math":
-    timeout_s = float(cfg["grader_timeout_s"])
-    if not timeout_s > 0:
-      raise ValueError(f"task.grader_timeout_s={cfg['grader_timeout_s']!r} must be > 0")
     if importlib.util.find_spec("math_verify") is None:
       raise ValueError("task.grader='math' needs the math-verify package (pip install -e .)")
     _pool().prestart()
     return _guarded(lambda response, reference: _math(response, reference, timeout_s))
   if name == "numeric":
     return _guarded(lambda response, reference: verifiers.same_answer(
-        verifiers.final_answer(response), reference))
+        verifiers.final_answer(response), reference), timeout_s)
   if name == "exact":
-    return _guarded(_exact)
-  if name == "regex":
-    pattern = cfg["grader_regex"]
-    try:
-      compiled = re.compile(pattern)
-    except (re.error, TypeError) as e:
-      raise ValueError(f"task.grader_regex={pattern!r} is not a regular expression: {e}") from e
-    if not pattern:
-      raise ValueError("task.grader_regex is empty; task.grader='regex' needs a pattern")
-    return _guarded(lambda response, reference: _regex(compiled, response, reference))
-  raise ValueError(f"task.grader={name!r}; known: {NAMES}")
+    return _guarded(_exact, timeout_s)
+  compiled = _pattern(cfg["grader_regex"])
+  return _guarded(lambda response, reference: _regex(compiled, response, reference, timeout_s),
+                  timeout_s)
 
 
-def _guarded(check: Callable[[str, str], bool]) -> Grader:
-  """A grader from a yes/no check: reward 1.0 or 0.0, and 0 for anything that raises."""
+def _time_limit(value: Any) -> float:
+  """task.grader_timeout_s as seconds, refused unless a finite number > 0."""
+  ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+  if not (ok and 0 < value < float("inf")):
+    raise ValueError(f"task.grader_timeout_s={value!r} must be a number of seconds > 0")
+  return float(value)
+
+
+def _pattern(pattern: Any):
+  """task.grader_regex compiled by the `regex` module (the syntax and matches of Python's re,
+  plus a time limit per search), refused when empty or not a regular expression."""
+  if not pattern:
+    raise ValueError("task.grader_regex is empty; task.grader='regex' needs a pattern")
+  try:
+    import regex
+  except ImportError:
+    raise ValueError("task.grader='regex' needs the regex package (pip install -e .)") from None
+  try:
+    return regex.compile(pattern, regex.VERSION0)
+  except (regex.error, ValueError, TypeError) as e:
+    raise ValueError(f"task.grader_regex={pattern!r} is not a regular expression: {e}") from e
+
+
+def _guarded(check: Callable[[str, str], bool | None], timeout_s: float | None = None) -> Grader:
+  """A grader from a check that answers True, False or None (out of time): reward 1.0 or 0.0.
+  Scored 0 with a failure: TIMEOUT for None or, given `timeout_s`, for a check that took longer
+  on the wall clock; INVALID for a response or reference that is no text, a response over
+  MAX_RESPONSE_CHARS, or a check that raises."""
   def grader(response: str, reference: str) -> Score:
+    if (not isinstance(response, str) or not isinstance(reference, str)
+        or len(response) > MAX_RESPONSE_CHARS):
+      return Score(0.0, False, INVALID)
+    start = time.monotonic()
     try:
-      ok = (isinstance(response, str) and isinstance(reference, str)
-            and len(response) <= MAX_RESPONSE_CHARS and bool(check(response, reference)))
+      ok = check(response, reference)
     except Exception:  # a grader bug or pathological text must not end a run
-      ok = False
-    return Score(float(ok), ok)
+      return Score(0.0, False, INVALID)
+    if ok is None or (timeout_s is not None and time.monotonic() - start > timeout_s):
+      return Score(0.0, False, TIMEOUT)
+    return Score(1.0, True) if ok else Score(0.0, False)
   return grader
 
 
@@ -123,10 +158,15 @@ def _exact(response: str, reference: str) -> bool:
   return _same_text(answer, verifiers.reference_answer(reference))
 
 
-def _regex(pattern: re.Pattern, response: str, reference: str) -> bool:
+def _regex(pattern, response: str, reference: str, timeout_s: float) -> bool | None:
+  """The last match (its first group, else the whole match) equals the reference as text; None
+  when the search outlasts `timeout_s` (the regex module's clock: this process's CPU time)."""
   last = None
-  for last in pattern.finditer(response):
-    pass
+  try:
+    for last in pattern.finditer(response, timeout=timeout_s):
+      pass
+  except TimeoutError:
+    return None
   if last is None:
     return False
   found = last.group(1) if pattern.groups else last.group(0)
@@ -140,8 +180,9 @@ def _same_text(answer: str | None, reference: str) -> bool:
   return bool(a) and a == b
 
 
-def _math(response: str, reference: str, timeout_s: float) -> bool:
-  """math-verify's verdict on the response's answer, bounded by `timeout_s`."""
+def _math(response: str, reference: str, timeout_s: float) -> bool | None:
+  """math-verify's verdict on the response's answer, bounded by `timeout_s`; None when the
+  worker ran out of time."""
   answer = verifiers.extract_answer(response)
   gold = verifiers.reference_answer(reference)
   if not answer or not gold or max(len(answer), len(gold)) > MAX_ANSWER_CHARS:
@@ -157,7 +198,7 @@ def _math(response: str, reference: str, timeout_s: float) -> bool:
       return _CACHE[key]
   ok = _pool().check(gold, answer, timeout_s)
   if ok is None:  # out of time (or a dead worker): 0 now, but not remembered, since a loaded
-    return False  # machine can time out a check that an idle one answers
+    return None  # machine can time out a check that an idle one answers
   with _CACHE_LOCK:
     _CACHE[key] = ok
     while len(_CACHE) > CACHE_SIZE:

@@ -10,7 +10,7 @@ import pytest
 from tests.support import FIXTURES
 from rlscale.config.sections import task as task_config
 from rlscale.tasks import graders, verifiers
-from rlscale.tasks.base import Score
+from rlscale.tasks.base import INVALID, TIMEOUT, Score
 
 pytest.importorskip("math_verify")
 
@@ -57,7 +57,8 @@ def test_hostile_answers_score_zero_within_the_limit_in_the_main_thread(text):
   grader = make(grader_timeout_s=LIMIT_S)
   warm(grader)
   start = time.monotonic()
-  assert grader(text, "7") == Score(0.0, False)
+  s = grader(text, "7")
+  assert s == Score(0.0, False) and s.failure in ("", TIMEOUT, INVALID)  # INVALID: over the cap
   assert time.monotonic() - start < LIMIT_S + MARGIN_S
 
 
@@ -85,7 +86,8 @@ def test_a_hung_worker_is_killed_and_later_checks_go_on(monkeypatch):
   monkeypatch.setattr(graders, "SOFT_SHARE", 100.0)
   pids = {w.proc.pid for w in graders._pool().workers if w.proc is not None}
   start = time.monotonic()
-  assert grader("\\boxed{9^{9^{9}}+1}", "2") == Score(0.0, False)
+  s = grader("\\boxed{9^{9^{9}}+1}", "2")
+  assert s == Score(0.0, False) and s.failure == TIMEOUT
   assert time.monotonic() - start < LIMIT_S + MARGIN_S
   after = {w.proc.pid for w in graders._pool().workers if w.proc is not None}
   assert after != pids  # the hung process was replaced
@@ -100,7 +102,8 @@ def test_a_worker_that_cannot_start_scores_zero_and_says_so(monkeypatch, caplog)
   monkeypatch.setattr(graders.sys, "executable", "/bin/false")
   grader = make()
   start = time.monotonic()
-  assert grader("\\boxed{\\frac12}", "0.5") == Score(0.0, False)
+  s = grader("\\boxed{\\frac12}", "0.5")
+  assert s == Score(0.0, False) and s.failure == TIMEOUT
   assert time.monotonic() - start < 10
   assert "did not start" in caplog.text
   graders._pool().close()
@@ -155,6 +158,58 @@ def test_regex_grader():
   assert whole("I ate 3 apples, then 4 apples", "4 apples") == Score(1.0, True)
 
 
+# Patterns that backtrack for long on a response without a match: with Python's re, (a+)+$
+# against 30 a's and a b ran for minutes, deaf to Ctrl-C (the regex module answers it at once;
+# 5,000 a's defeat it too).
+CATASTROPHIC = [(r"(a+)+$", "a" * 5000 + "b"), (r"(x+x+)+y", "x" * 5000),
+                (r"(\w|\d)+$", "1" * 5000 + "!"), (r"(a|aa)+$", "a" * 5000 + "b")]
+
+
+@pytest.mark.parametrize("pattern, response", CATASTROPHIC, ids=[p for p, _ in CATASTROPHIC])
+def test_a_catastrophic_regex_stops_at_the_limit_as_a_timeout(pattern, response):
+  """The regex module's limit counts this process's CPU time: held to it, and to a wall-clock
+  bound far under the minutes such a search took."""
+  limit = 0.5
+  grader = make("regex", grader_regex=pattern, grader_timeout_s=limit)
+  cpu, wall = time.process_time(), time.monotonic()
+  s = grader(response, "a")
+  assert s == Score(0.0, False) and s.failure == TIMEOUT
+  assert time.process_time() - cpu < limit + 0.5
+  assert time.monotonic() - wall < 30 * limit
+
+
+def test_the_regex_limit_holds_in_other_threads_and_later_checks_go_on():
+  grader = make("regex", grader_regex=r"=(\d+)|(?:x+x+)+y", grader_timeout_s=0.5)
+  results = []
+  t = threading.Thread(target=lambda: results.append(grader("x" * 5000, "7")))
+  t.start()
+  t.join(timeout=60)
+  assert results[0].failure == TIMEOUT
+  assert grader("3+4=7", "7") == Score(1.0, True) and grader("3+4=7", "7").failure == ""
+  assert make("regex", grader_regex=r"(a+)+$")("a" * 30 + "b", "a").failure == ""  # a verdict
+
+
+def test_regex_grader_reads_python_re_syntax():
+  grader = make("regex", grader_regex=r"(?P<ans>\d+)(?=\s*$)")
+  assert grader("it is 12\n", "12") == Score(1.0, True)
+  assert make("regex", grader_regex=r"(?i)ANSWER:\s*(\w+)")("answer: Cat", "cat").correct
+
+
+@pytest.mark.parametrize("name", ["numeric", "exact"])
+def test_a_check_that_outlasts_the_limit_on_the_wall_clock_is_a_timeout(name, monkeypatch):
+  """numeric and exact scan in linear time; should one still take longer, it scores 0, counted."""
+  grader = make(name, grader_timeout_s=0.05)
+  assert grader("\\boxed{7}", "7") == Score(1.0, True)
+  slow = verifiers.extract_answer if name == "exact" else verifiers.final_answer
+
+  def sleepy(*args, **kwargs):
+    time.sleep(0.2)
+    return slow(*args, **kwargs)
+  monkeypatch.setattr(verifiers, "extract_answer" if name == "exact" else "final_answer", sleepy)
+  s = grader("\\boxed{7}", "7")
+  assert s == Score(0.0, False) and s.failure == TIMEOUT
+
+
 def test_numeric_grader_is_the_old_verifier():
   grader = make("numeric")
   for response, ref in [("So 1,000 it is", "1000"), ("x \\boxed{3/4}", "0.75"), ("no", "5"),
@@ -168,10 +223,13 @@ def test_numeric_grader_is_the_old_verifier():
     (dict(grader="regex", grader_regex="(unclosed"), "task.grader_regex='(unclosed'"),
     (dict(grader="regex", grader_regex=""), "task.grader_regex is empty"),
     (dict(grader="math", grader_timeout_s=0.0), "task.grader_timeout_s=0.0"),
+    (dict(grader="regex", grader_regex="(x)", grader_timeout_s=-1.0), "task.grader_timeout_s=-1.0"),
+    (dict(grader="exact", grader_timeout_s=float("inf")), "task.grader_timeout_s=inf"),
+    (dict(grader="numeric", grader_timeout_s="2"), "task.grader_timeout_s='2'"),
+    (dict(grader="regex", grader_regex="(x)", grader_timeout_s=True), "task.grader_timeout_s=True"),
 ])
 def test_bad_config_is_refused_naming_the_field(fields, message):
-  cfg = task_config()
-  cfg.update(fields)
+  cfg = {**task_config(), **fields}  # a plain mapping: a typed ConfigDict refuses a str here
   with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("'", "'")):
     graders.make(cfg)
 
@@ -191,7 +249,10 @@ def test_graders_never_raise(name):
   if name != "numeric":  # the old checker matches an empty box with an empty reference
     cases += [("\\boxed{}", ""), ("\\boxed{\\}", "}")]
   for response, reference in cases:
-    assert grader(response, reference) == Score(0.0, False)
+    s = grader(response, reference)
+    assert s == Score(0.0, False)
+    assert s.failure == (INVALID if not isinstance(response, str) or reference is None
+                         or len(response) > graders.MAX_RESPONSE_CHARS else "")
 
 
 @pytest.mark.parametrize("text, expected", [

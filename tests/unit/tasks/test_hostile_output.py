@@ -3,13 +3,15 @@ reward, none ends the step, and each scored 0 without a verdict is counted in th
 (reward/grader_timeouts, reward/invalid)."""
 
 import math
+import time
 
 import numpy as np
 import pytest
 
 from rlscale.checkpoints.tokenizer import HFTokenizer
 from rlscale.config.sections import task as task_config
-from rlscale.tasks.base import INVALID, Problem, Score, right_pad
+from rlscale.tasks import graders
+from rlscale.tasks.base import INVALID, TIMEOUT, Problem, Score, right_pad
 from rlscale.tasks.chain_sum import ChainSum
 from rlscale.tasks.text import TextTask
 from rlscale.trainer import rollout
@@ -81,6 +83,29 @@ def test_bytes_that_are_no_utf8_score_zero_and_are_counted(tokenizer):
   scored = _step(task, rows)
   assert scored.rewards.tolist() == [0.0, 0.0, 1.0, 0.0]
   assert _counts(scored) == (0, 3)
+
+
+@pytest.mark.parametrize("grader", graders.NAMES)
+def test_the_longest_text_is_scored_and_longer_is_counted(grader):
+  """Responses at the graders' cap (MAX_RESPONSE_CHARS) are graded within seconds; one
+  character more scores 0 unread, as INVALID."""
+  g = graders.make({**task_config(), "grader": grader, "grader_regex": r"=\s*(\d+)"})
+  n = graders.MAX_RESPONSE_CHARS
+  for text in ("7+5=12;" * (n // 7), "answer" + " " * (n - 7) + "x", "\\boxed{" * (n // 7),
+               "9" * n):
+    start = time.monotonic()
+    s = g(text, "12")
+    assert s.failure in ("", TIMEOUT) and time.monotonic() - start < 10, text[:20]
+  s = g("x" * (n + 1), "12")
+  assert s == Score(0.0, False) and s.failure == INVALID
+
+
+def test_regex_timeouts_are_counted_in_the_step(tokenizer):
+  task = _task(tokenizer, "regex", grader_regex=r"boxed\{(\d+)\}|(?:a|aa)+$",
+               grader_timeout_s=0.3)
+  slow = tokenizer.encode("a" * 3000 + "b")
+  scored = _step(task, [slow, tokenizer.encode("So \\boxed{46}"), slow])
+  assert scored.rewards.tolist() == [0.0, 1.0, 0.0] and _counts(scored) == (2, 0)
 
 
 class _Custom(ChainSum):
