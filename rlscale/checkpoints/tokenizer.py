@@ -268,11 +268,25 @@ def _raise_exception(message: str):
 @functools.lru_cache(maxsize=1)
 def _environment():
   """The sandbox chat templates run in: immutable (a template cannot change the messages it is
-  given), trim_blocks and lstrip_blocks, with break/continue and transformers' globals."""
+  given), trim_blocks and lstrip_blocks, with break/continue and transformers' globals.
+
+  What a template can reach: its variables (JSON types, `_plain`), these globals and Jinja's
+  filters; no loader, so `include`, `import` and `extends` reach no file; no name for os, its
+  environment or open (an undefined name renders empty, as in transformers). Reading an
+  attribute the sandbox holds unsafe (`__class__`, `__globals__`, a list's `append`) is refused
+  with a SecurityError, where Jinja's own sandbox renders it empty and refuses only its use.
+  """
+  from jinja2.exceptions import SecurityError
   from jinja2.ext import loopcontrols
   from jinja2.sandbox import ImmutableSandboxedEnvironment
-  env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                      extensions=[loopcontrols, _generation_tag()])
+
+  class Sandbox(ImmutableSandboxedEnvironment):
+    def unsafe_undefined(self, obj, attribute):
+      raise SecurityError(f"a chat template may not read {attribute!r} of a "
+                          f"{type(obj).__name__}")
+
+  env = Sandbox(trim_blocks=True, lstrip_blocks=True,
+                extensions=[loopcontrols, _generation_tag()])
   env.filters["tojson"] = _tojson
   env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now,
                      namespace=_safe_namespace())

@@ -319,9 +319,50 @@ def test_the_sandbox_holds(pair):
                    "{{ namespace(_x=1) }}", "{{ ''.__class__.__mro__ }}"]:
     with pytest.raises(ValueError, match="chat template"):
       ours.apply_chat_template(USER, chat_template=template)
-  assert ours.apply_chat_template(USER, chat_template="{{ messages.__class__ }}") == ""
   with pytest.raises(ValueError, match="does not parse"):
     ours.apply_chat_template(USER, chat_template="{% for m in messages %}")
+
+
+# What a template may try, to reach Python objects, files or the process's environment. Jinja's
+# own sandbox rendered the first read of an unsafe attribute as empty text (`messages.__class__`
+# -> ''); ours refuses it.
+REACH_PYTHON = [
+    "{{ messages.__class__ }}", "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ raise_exception.__globals__ }}", "{{ strftime_now.__globals__['os'] }}",
+    "{{ lipsum.__globals__['os'].popen('id').read() }}",
+    "{{ cycler.__init__.__globals__.os.environ }}", "{{ namespace.__init__.__globals__ }}",
+    "{{ joiner.__init__.__globals__ }}", "{{ dict.__base__.__subclasses__() }}",
+    "{{ ''|attr('__class__') }}", "{{ messages|map(attribute='__class__')|list }}",
+    "{{ '{0.__class__}'.format(messages) }}", "{{ messages[0].items.__self__ }}",
+    "{{ self.__dict__ }}", "{{ self._TemplateReference__context.environment }}",
+    "{{ messages[0].content.__len__() }}", "{{ messages.pop() }}",
+]
+REACH_FILES = ["{% include '/etc/passwd' %}", "{% import '/etc/passwd' as p %}",
+               "{% extends '/etc/passwd' %}", "{% from '/etc/hostname' import x %}",
+               "{{ open('/etc/passwd').read() }}"]
+REACH_ENVIRONMENT = ["{{ os.environ }}", "{{ getenv('RLSCALE_TEMPLATE_SECRET') }}",
+                     "{{ request.environ }}", "{{ environ['RLSCALE_TEMPLATE_SECRET'] }}"]
+
+
+@pytest.mark.parametrize("template", REACH_PYTHON + REACH_FILES + REACH_ENVIRONMENT)
+def test_templates_that_reach_out_are_refused(pair, template, monkeypatch):
+  """Refused as one ValueError naming the chat template; nothing of the environment shows."""
+  monkeypatch.setenv("RLSCALE_TEMPLATE_SECRET", "do-not-print")
+  ours = pair("qwen2.5")[0]
+  with pytest.raises(ValueError, match=r"^chat template: (SecurityError|TypeError: no loader|"
+                                       r"UndefinedError)") as e:
+    ours.apply_chat_template(USER, chat_template=template)
+  assert "do-not-print" not in str(e.value)
+
+
+def test_names_a_template_is_not_given_reach_nothing(pair, monkeypatch):
+  """An undefined name renders empty, as in transformers (templates test `x is defined`); no
+  name leads to os, its environment or the builtins."""
+  monkeypatch.setenv("RLSCALE_TEMPLATE_SECRET", "do-not-print")
+  ours = pair("qwen2.5")[0]
+  text = ours.apply_chat_template(USER, chat_template="{{ environ }}{{ config }}{{ __builtins__ }}"
+                                                     "{{ RLSCALE_TEMPLATE_SECRET }}{{ self }}")
+  assert text == "<TemplateReference None>"
 
 
 def test_template_file_wins_and_named_templates(folders, tmp_path):
