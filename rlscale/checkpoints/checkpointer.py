@@ -8,6 +8,11 @@ restored (rlscale/checkpoints/checks.py); `restore_latest` falls back past damag
 logged in one line (step, array, unreadable or checksum mismatch) and moved to
 `<directory>/damaged/` so that the resumed run can save that step again and the keep limit
 never counts it.
+
+A step records the layout its arrays were saved on (the mesh's axes, the devices and processes
+of the run: `layout_of`). A restore onto another layout -- a requeue on fewer or more devices
+or hosts -- goes through orbax's resharding: every array comes back bit for bit (the checksums
+say so) on the new mesh, and the change is logged in one line and kept in `layout_change`.
 """
 
 from __future__ import annotations
@@ -27,6 +32,46 @@ from rlscale.checkpoints import checks, storage
 from rlscale.config.errors import ConfigError
 
 CHECKSUMS = "_checksums"  # the meta key of the arrays' checksums; refused in a caller's meta
+LAYOUT = "_layout"  # the meta key of the layout the arrays were saved on; refused likewise
+RESERVED = (CHECKSUMS, LAYOUT)
+
+
+def layout_of(state: Any) -> dict[str, Any] | None:
+  """The layout `state`'s arrays lie on: {"mesh": {axis: size}, "devices": n, "processes": p},
+  the mesh of its first array on a mesh (None for a state on no mesh)."""
+  for x in jax.tree.leaves(state):
+    mesh = getattr(getattr(x, "sharding", None), "mesh", None)
+    if mesh is not None and getattr(mesh, "shape", None):
+      return mesh_layout(mesh)
+  return None
+
+
+def mesh_layout(mesh) -> dict[str, Any]:
+  """A mesh's layout (see layout_of), in the run's devices and processes."""
+  return {"mesh": {str(k): int(v) for k, v in dict(mesh.shape).items()},
+          "devices": jax.device_count(), "processes": jax.process_count()}
+
+
+def describe_layout(layout: dict[str, Any]) -> str:
+  """'mesh data=8 fsdp=1 tensor=1 of 8 devices in 1 process'."""
+  axes = " ".join(f"{k}={v}" for k, v in layout["mesh"].items())
+  p = layout["processes"]
+  return f"mesh {axes} of {layout['devices']} devices in {p} process{'es' if p != 1 else ''}"
+
+
+def saved_layout(directory: str) -> dict[str, Any] | None:
+  """The layout the newest readable step in `directory` was saved on (None: no step, or one
+  saved before layouts were recorded). Reads its meta alone: no array, no collective."""
+  if not os.path.isdir(directory):
+    return None
+  for step in sorted((int(n) for n in os.listdir(directory) if n.isdigit()), reverse=True):
+    path = ocp.step.find_step_path(directory, ocp.step.standard_name_format(), step=step)
+    try:
+      meta = ocp.JsonCheckpointHandler().restore(path / "meta", args=ocp.args.JsonRestore())
+    except Exception:  # noqa: BLE001  (damaged or partial: the restore falls back past it too)
+      continue
+    return dict(meta).get(LAYOUT)
+  return None
 
 
 class CheckpointMismatch(ValueError):
@@ -59,6 +104,8 @@ class Checkpointer:
     self._manager = ocp.CheckpointManager(self.directory, options=options)
     self._in_flight: tuple[int, int] | None = None  # (step, bytes) of the save being written
     self._refused: int | None = None  # the step whose save the disk refused
+    # (saved, restored) layouts of the last restore, when they differ (orbax resharded it).
+    self.layout_change: tuple[dict, dict] | None = None
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -70,9 +117,13 @@ class Checkpointer:
     so every process calls it, as orbax requires anyway); the files are written in the
     background when saves are asynchronous.
     """
-    if CHECKSUMS in meta:
-      raise ValueError(f"meta key {CHECKSUMS!r} is reserved for the checkpoint's checksums")
+    for key in RESERVED:
+      if key in meta:
+        raise ValueError(f"meta key {key!r} is reserved for the checkpoint's own records")
     meta = {**meta, CHECKSUMS: checks.checksums(state)}
+    layout = layout_of(state)
+    if layout is not None:
+      meta[LAYOUT] = layout
     with self._storage_guard():  # the previous save, finishing, may fail here
       self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                        meta=ocp.args.JsonSave(meta)), force=True)
@@ -114,7 +165,7 @@ class Checkpointer:
     if step not in self._manager.all_steps():
       raise FileNotFoundError(f"no checkpoint of step {step} in {self.directory}")
     path = ocp.step.find_step_path(self.directory, ocp.step.standard_name_format(), step=step)
-    state, meta, saved, shards = None, {}, None, []
+    state, meta, saved, shards, saved_on = None, {}, None, [], None
     # Orbax's handlers directly, not CheckpointManager.restore: the manager ends its restore
     # with a barrier that a process whose read failed never reaches, so the others would wait
     # there instead of agreeing (in checks.agree) to fall back together.
@@ -124,6 +175,7 @@ class Checkpointer:
       with verdict.reading("meta"):
         meta = dict(ocp.JsonCheckpointHandler().restore(path / "meta", args=ocp.args.JsonRestore()))
         saved = meta.pop(CHECKSUMS, None)
+        saved_on = meta.pop(LAYOUT, None)
       if verdict.ok:
         with verdict.reading("state metadata"):
           tree = handler.metadata(path / "state").tree
@@ -148,14 +200,20 @@ class Checkpointer:
                        f"restore asks for: {problem}")
     if kind == "damaged":
       raise CheckpointDamaged(step, array, problem)
+    unchecked = [] if saved is None else checks.unchecked(shards)
     if saved is None:
       logging.warning("checkpoint step %d in %s has no checksums (saved before they were "
                       "written); restored without verification", step, self.directory)
-    else:
-      unchecked = checks.unchecked(shards)
-      if unchecked:
-        logging.warning("checkpoint step %d: %d saved shard(s) could not be verified in this "
-                        "layout (%s)", step, len(unchecked), ", ".join(unchecked[:5]))
+    elif unchecked:
+      logging.warning("checkpoint step %d: %d saved shard(s) could not be verified in this "
+                      "layout (%s)", step, len(unchecked), ", ".join(unchecked[:5]))
+    now = layout_of(state)
+    self.layout_change = (saved_on, now) if saved_on and now and saved_on != now else None
+    if self.layout_change:
+      logging.warning("checkpoint step %d in %s was saved on %s and is restored onto %s: "
+                      "orbax resharded its arrays%s", step, self.directory,
+                      describe_layout(saved_on), describe_layout(now),
+                      ", each matching its checksum" if saved and not unchecked else "")
     return state, meta
 
   def restore_latest(self, like: Any,

@@ -66,15 +66,44 @@ def resolve(cfg: ml_collections.ConfigDict, workdir: str | None, config_file: st
   cfg = defaults.fill(cfg)
   fields.sections(cfg)  # a missing kind or section is reported alone
   errors = fields.check(cfg, workdir, allow_config_change) + owner_checks.errors(cfg)
+  checked = len(errors)  # the fields' own errors; what follows depends on the devices too
   env = setup or experiment.setup(cfg, errors)
   plan = batch.plan_for(cfg, env, errors)
   recipe = _recipe(cfg, config_file, env, errors)
+  if errors and not checked and workdir is not None:
+    _refuse_another_layout(workdir, cfg, env, errors)
   if errors:
     raise ConfigError("invalid config:\n  " + "\n  ".join(e.strip() for e in errors))
   frozen = ml_collections.FrozenConfigDict(cfg)
   if workdir is not None:
     experiment.check_resume(workdir, frozen, allow_config_change)
   return Resolved(frozen, workdir, config_file, env, plan, recipe=recipe)
+
+
+def _refuse_another_layout(workdir: str, cfg, env: experiment.Setup,
+                           errors: list[str]) -> None:
+  """A run directory whose checkpoints were saved on another layout than this launch's, where
+  the config's meshes or batch plan fail on this one (a requeue on a number of devices or
+  processes that does not divide the batch): one line naming both layouts."""
+  import jax
+
+  from rlscale.checkpoints import checkpointer
+  saved = checkpointer.saved_layout(os.path.join(workdir, "checkpoints"))
+  if saved is None:
+    return
+  if env.mesh is not None:
+    now = checkpointer.mesh_layout(env.mesh)
+    here = checkpointer.describe_layout(now)
+  else:  # the mesh itself could not be built on these devices
+    now = {"devices": jax.device_count(), "processes": jax.process_count()}
+    here = (f"mesh.shape={tuple(cfg.mesh.shape)} on {now['devices']} devices in "
+            f"{now['processes']} process{'es' if now['processes'] != 1 else ''}")
+  if all(saved.get(k) == v for k, v in now.items()):
+    return
+  raise ConfigError(
+      f"{workdir} holds checkpoints saved on {checkpointer.describe_layout(saved)}; this "
+      f"launch's {here} cannot go on with them: {'; '.join(e.strip() for e in errors)}. "
+      f"Resume on devices and processes that divide the batch, or give another --workdir")
 
 
 def validate(cfg: ml_collections.ConfigDict, config_file: str | None = None,

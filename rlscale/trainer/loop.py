@@ -24,7 +24,7 @@ import numpy as np
 from absl import logging
 
 from rlscale.trainer import preemption
-from rlscale.checkpoints.checkpointer import Checkpointer, CheckpointMismatch
+from rlscale.checkpoints.checkpointer import Checkpointer, CheckpointMismatch, describe_layout
 from rlscale.config.errors import ConfigError
 from rlscale.metrics.writer import MetricsWriter, Progress
 from rlscale.resolve import experiment
@@ -206,6 +206,10 @@ class Loop:
       if missing:  # a checkpoint of an older version
         self.trainer.fill_counters(missing)
       self.counters.update(meta)
+      if self.ckpt.layout_change:  # a requeue on other devices or hosts: kept in summary.json
+        saved, now = self.ckpt.layout_change
+        self.counters["layout_changes"] = [*self.counters.get("layout_changes", []), {
+            "step": start, "saved_on": describe_layout(saved), "resumed_on": describe_layout(now)}]
       logging.info("resumed from the checkpoint of step %d in %s", start, self.workdir)
     return start
 
