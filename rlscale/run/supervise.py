@@ -60,6 +60,8 @@ TRACEBACK = b"Traceback (most recent call last):"
 # Lines held for a report or a traceback that the child's death does not follow within this
 # many seconds are released, and the relay goes on.
 HOLD_S = 30.0
+# How long the child's last lines may take to arrive once it ended.
+DRAIN_S = 10.0
 
 
 def wanted(environ=os.environ) -> bool:
@@ -134,7 +136,9 @@ class _Relay:
   def finish(self, ended: float) -> list[bytes] | None:
     """After the child exited (at `ended`, time.monotonic): the lines held that tell of a lost
     process within HOLD_S of its end (None when there are none: the rest is released)."""
-    self.thread.join()
+    # A process the child started may hold its stderr open after the child's end: the lines
+    # that came by then are the child's.
+    self.thread.join(timeout=DRAIN_S)
     with self.lock:
       if not self.lost or ended - self.since > HOLD_S:
         self._release()
@@ -187,12 +191,13 @@ def run() -> int:
   """Run this command as a supervised child; its exit status, 75 for a lost process. (A child
   that died of a signal: the supervisor dies of it too.)"""
   me, count = declared.index(), declared.processes()
-  env = dict(os.environ, **{ENV: "child"})
-  child = subprocess.Popen(child_command(), env=env, stderr=subprocess.PIPE,
-                           start_new_session=True, preexec_fn=_die_with_parent)
+  child, early = None, []  # signals that came before the child was started
 
   def forward(signum, frame):
     del frame
+    if child is None:
+      early.append(signum)
+      return
     try:
       child.send_signal(signum)
     except ProcessLookupError:
@@ -201,6 +206,11 @@ def run() -> int:
   for s in FORWARDED:
     signal.signal(s, forward)
   sys.stderr.flush()
+  child = subprocess.Popen(child_command(), env=dict(os.environ, **{ENV: "child"}),
+                           stderr=subprocess.PIPE, start_new_session=True,
+                           preexec_fn=_die_with_parent)
+  for signum in early:
+    forward(signum, None)
   relay = _Relay(child.stderr, getattr(sys.stderr, "buffer", sys.stderr))
   code = child.wait()
   held = relay.finish(time.monotonic())

@@ -79,6 +79,17 @@ def test_held_lines_are_released_when_no_death_follows(monkeypatch):
   assert written == b"".join(lines).decode() and held is None
 
 
+def test_a_pipe_left_open_by_the_childs_own_process_does_not_hold_the_end(monkeypatch):
+  monkeypatch.setattr(supervise, "DRAIN_S", 0.2)
+  read, write = os.pipe()  # the write end stays open: a grader the child started, say
+  sink = io.BytesIO()
+  relay = supervise._Relay(os.fdopen(read, "rb"), sink)
+  os.write(write, b"Polled an error from coordination service\n")
+  time.sleep(0.2)
+  assert relay.finish(time.monotonic()) == [b"Polled an error from coordination service\n"]
+  os.close(write)
+
+
 # --- the supervisor around a child that plays the run's process ---
 
 CHILD = """
