@@ -150,3 +150,12 @@ def test_study_throughput_benchmark():
   assert 0 < side["eval_share"] < 1 and side["eval_rows_per_run"] > 0
   assert last == {"slice": "scan", "runs_per_hour": side["runs_per_hour"],
                   "cpu_s_per_run": side["cpu_s_per_run"]}
+
+
+@pytest.mark.slow
+def test_long_run_benchmark(tmp_path):
+  (row,) = _run("long_run.py", "--steps=8", "--every=2", f"--workdir={tmp_path}/run")
+  assert row["end"]["step"] == 8 and row["early"]["step"] >= 1
+  assert row["end"]["rss_mb"] > 0 and row["end"]["fds"] > 0
+  assert row["max_checkpoints"] >= 1 and row["end"]["checkpoints"] <= 3
+  assert row["end"]["metrics_bytes"] > row["early"]["metrics_bytes"] > 0
