@@ -1,6 +1,7 @@
 """Run directories written by earlier commits still resume (tests/support/fixtures/old_runs/).
 
-The fixture is a finished 2-step `configs/grpo.py:tiny` run written by commit ba4a25a. A user
+Each fixture is a finished 2-step `configs/grpo.py:tiny` run written by a commit whose run
+format differs (ba4a25a: before run_format.json; 038b5a4: format 1). A user
 extends it to 4 steps with the same command plus --allow_config_change=train.num_steps; the run
 resumes from its step-2 checkpoint (through a migration where the format changed since) and the
 steps it adds must be those the old code computed without a break.
@@ -32,10 +33,15 @@ def _numbers(row):
   return {k: v for k, v in row.items() if not k.startswith(MACHINE)}
 
 
+# ba4a25a: run format 0 (no run_format.json); 038b5a4: format 1 (resolve/experiment.RUN_FORMAT).
+COMMITS = ["ba4a25a", "038b5a4"]
+
+
 @pytest.mark.slow(seconds=40)
-def test_a_run_of_ba4a25a_resumes_and_adds_the_steps_it_would_have_run(tmp_path):
-  run = tmp_path / "grpo_tiny_ba4a25a"
-  shutil.copytree(os.path.join(FIXTURES, "grpo_tiny_ba4a25a"), run)
+@pytest.mark.parametrize("commit", COMMITS)
+def test_an_old_run_resumes_and_adds_the_steps_it_would_have_run(tmp_path, commit):
+  run = tmp_path / f"grpo_tiny_{commit}"
+  shutil.copytree(os.path.join(FIXTURES, f"grpo_tiny_{commit}"), run)
   # On one device, as it was written (the tests' 8 simulated devices would lay it out anew).
   xla = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
                  if not f.startswith("--xla_force_host_platform_device_count"))
@@ -49,9 +55,9 @@ def test_a_run_of_ba4a25a_resumes_and_adds_the_steps_it_would_have_run(tmp_path)
   assert p.returncode == 0, p.stderr[-3000:]
   assert "resumed from the checkpoint of step 2" in p.stderr
   rows = _rows(run / "metrics.jsonl")
-  golden = _rows(os.path.join(FIXTURES, "golden", "grpo_tiny_4steps_ba4a25a.jsonl"))
+  golden = _rows(os.path.join(FIXTURES, "golden", f"grpo_tiny_4steps_{commit}.jsonl"))
   assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
-  old = _rows(os.path.join(FIXTURES, "grpo_tiny_ba4a25a", "metrics.jsonl"))
+  old = _rows(os.path.join(FIXTURES, f"grpo_tiny_{commit}", "metrics.jsonl"))
   assert rows[:3] == old  # the rows it had are kept as they were
   for mine, theirs in zip(rows[3:], golden[3:]):
     a, b = _numbers(mine), _numbers(theirs)
