@@ -175,7 +175,9 @@ _NOT_A_DIRECTORY = (errno.EPERM, errno.ENOENT, errno.ENOTDIR)
 def run() -> None:
   """The console script `rlscale`."""
   if supervise.wanted():  # several processes: this one only watches the run's (a child)
-    sys.exit(supervise.run())
+    code = supervise.run()
+    supervise.record_exit(code)
+    sys.exit(code)
   verbose = command_line.verbose(sys.argv)
   try:
     try:

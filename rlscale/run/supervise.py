@@ -74,6 +74,25 @@ def wanted(environ=os.environ) -> bool:
     return False
 
 
+# Where a launcher wants each process's exit status (a folder on the run's file system): srun
+# returns the highest task status, so a survivor's 75 beside a SIGKILLed task's 137 is lost
+# unless each task says its own (rlscale/sweep/slurm.py reads them).
+EXIT_DIR_ENV = "RLSCALE_TASK_EXIT_DIR"
+
+
+def record_exit(code: int, environ=os.environ) -> None:
+  """Write this process's exit status as `<EXIT_DIR_ENV>/<process index>` when it is set."""
+  folder = environ.get(EXIT_DIR_ENV)
+  if not folder:
+    return
+  try:
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, str(declared.index(environ) or 0)), "w") as f:
+      f.write(f"{code}\n")
+  except OSError as e:  # the status still reaches the launcher through srun
+    sys.stderr.write(f"warning: could not record exit status {code} in {folder}: {e}\n")
+
+
 def child_command() -> list[str]:
   """This interpreter running the command line it was started with (a script, -m, -c)."""
   return [sys.executable, *sys.orig_argv[1:]]

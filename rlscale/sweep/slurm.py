@@ -44,6 +44,7 @@ import time
 from absl import logging
 
 from rlscale.config.errors import ConfigError
+from rlscale.run import supervise
 from rlscale.trainer.preemption import EXIT_REQUEUE
 from rlscale.sweep import manifest as mf
 from rlscale.sweep.points import Point
@@ -117,12 +118,20 @@ class SlurmLauncher:
     srun = ["srun", f"--nodes={nodes}", f"--ntasks={nodes * tasks_per_node}",
             f"--ntasks-per-node={tasks_per_node}", f"--wait={SRUN_WAIT_S}",
             *shlex.split(s.srun_args)]
+    several = nodes * tasks_per_node > 1
     lines += [
         "export PYTHONUNBUFFERED=1",
         "# A SIGTERM (preemption, the time limit) reaches the runs too: wait for their save.",
-        "trap 'echo \"# SIGTERM: the run saves its step and exits 75\"' TERM",
-        shlex.join(srun) + ' "${argv[@]}"',
-        "rc=$?",
+        "trap 'echo \"# SIGTERM: the run saves its step and exits 75\"' TERM"]
+    if several:  # srun returns the highest task status: a killed task's 137 hides the others' 75
+      lines += ["# each process writes its exit status here (a lost process: the others 75)",
+                f'export {supervise.EXIT_DIR_ENV}="$run_dir/.task_exit"',
+                f'rm -rf "${supervise.EXIT_DIR_ENV}"']
+    lines += [shlex.join(srun) + ' "${argv[@]}"', "rc=$?"]
+    if several:
+      lines.append(f'if grep -qsx {EXIT_REQUEUE} "${supervise.EXIT_DIR_ENV}"/*; then '
+                   f'rc={EXIT_REQUEUE}; fi')
+    lines += [
         f'if [ "$rc" -eq {EXIT_REQUEUE} ]; then',
         f'  if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {s.max_requeues} ]; then',
         f'    echo "# preempted (exit {EXIT_REQUEUE}): requeueing {job}; it resumes from its '

@@ -261,3 +261,27 @@ def test_two_process_point_matches_one_process(tmp_path, grpo_single_process_run
   assert "jax.distributed: process 1 of 2, 4 local of 8 devices" in log
   assert log.count("base policy: reusing") == 2  # no second base is built
   check_like_one("grpo.py", one.run_dir, str(run_dir), one.summary)
+
+
+@pytest.mark.parametrize("killed", [0, 1])
+def test_a_point_of_several_processes_requeues_when_one_was_lost(tmp_path, killed):
+  """srun returns the highest task status: a SIGKILLed process's 137 beside the survivor's 75.
+  Each process records its own (supervise.record_exit), and the job requeues on any 75."""
+  import sys
+  import types
+  task = ("import os, signal, sys; from rlscale.run import supervise; "
+          f"me = int(os.environ['SLURM_PROCID']); killed = {killed}; "
+          "os.kill(os.getpid(), signal.SIGKILL) if me == killed else None; "
+          "supervise.record_exit(75); sys.exit(75)")
+  fake = types.SimpleNamespace(s=types.SimpleNamespace(srun_args="", max_requeues=3,
+                                                       gpus_per_node=0))
+  lines = slurm.SlurmLauncher._launch(fake, "12_0", 1, 2)
+  script = "\n".join(["scontrol() { echo \"scontrol $*\"; }", f"run_dir={tmp_path}/run",
+                      f"argv=({sys.executable} -c {json.dumps(task)})", *lines])
+  env = dict(os.environ, PATH=FAKE_SLURM + os.pathsep + os.environ["PATH"], PYTHONPATH=REPO)
+  out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env,
+                       timeout=120)
+  assert out.returncode == 75, out.stdout + out.stderr
+  assert "scontrol requeue 12_0" in out.stdout
+  statuses = {f.name: f.read_text().strip() for f in (tmp_path / "run" / ".task_exit").iterdir()}
+  assert statuses == {str(1 - killed): "75"}
