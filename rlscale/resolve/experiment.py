@@ -199,33 +199,38 @@ RUN_FORMAT = 1
 FORMAT_FILE = "run_format.json"
 
 
-def run_format(workdir: str) -> int:
-  """The format of the run in `workdir` (0 where it predates run_format.json)."""
+def _format_record(workdir: str) -> dict:
+  """run_format.json as written ({"format": 0} where the run predates it), checked."""
   path = os.path.join(workdir, FORMAT_FILE)
   if not os.path.exists(path):
-    return 0
+    return {"format": 0}
   from rlscale.config.errors import ConfigError
   try:
     with open(path) as f:
-      value = json.load(f)["format"]
+      record = json.load(f)
+    value = record["format"]
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise ConfigError(f"{path} is not a run format record ({type(e).__name__}: {e}); it was "
                       "damaged or written by hand") from None
   if not isinstance(value, int) or isinstance(value, bool) or value < 0:
     raise ConfigError(f"{path}: format {value!r} is not a run format (a count from 0)")
-  return value
+  return record
+
+
+def run_format(workdir: str) -> int:
+  """The format of the run in `workdir` (0 where it predates run_format.json)."""
+  return _format_record(workdir)["format"]
 
 
 def check_format(workdir: str) -> None:
   """Refuse a run directory written by a newer rlscale, whose files this code may misread."""
-  found = run_format(workdir)
-  if found > RUN_FORMAT:
+  record = _format_record(workdir)
+  if record["format"] > RUN_FORMAT:
     from rlscale.config.errors import ConfigError
-    with open(os.path.join(workdir, FORMAT_FILE)) as f:
-      by = json.load(f).get("rlscale", "an unknown version")
-    raise ConfigError(f"{workdir} was written in run format {found} (rlscale {by}); this rlscale "
-                      f"({_version()}) reads formats 0-{RUN_FORMAT}: resume it with rlscale "
-                      f"{by} or newer")
+    by = record.get("rlscale", "an unknown version")
+    raise ConfigError(f"{workdir} was written in run format {record['format']} (rlscale {by}); "
+                      f"this rlscale ({_version()}) reads formats 0-{RUN_FORMAT}: resume it with "
+                      f"rlscale {by} or newer")
 
 
 def _version() -> str:
