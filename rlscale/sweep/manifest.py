@@ -166,8 +166,25 @@ def _stat(path: str) -> tuple | None:
 def read(sweep_dir: str, disk: Disk | None = None) -> Disk:
   """sweep.json with its journal's lines applied. Given what an earlier read returned (`disk`)
   and sweep.json is still the file it read, only the journal's new lines are read. A journal
-  without sweep.json (moved away to start afresh) is not read."""
+  without sweep.json (moved away to start afresh) is not read. A reader without the sweep's
+  lock may meet a writer folding the journal into a new sweep.json (the journal removed between
+  two reads): it reads again from the new sweep.json."""
   path = os.path.join(sweep_dir, FILE)
+  for _ in range(READ_TRIES - 1):
+    try:
+      out = _read_once(sweep_dir, path, disk)
+    except FileNotFoundError:
+      out = None
+    if out is not None and out.snapshot == _stat(path):
+      return out
+    disk = None
+  return _read_once(sweep_dir, path, None)
+
+
+READ_TRIES = 5  # a compaction every ~10 s: a second read almost always sees a settled file
+
+
+def _read_once(sweep_dir: str, path: str, disk: Disk | None) -> Disk:
   snapshot = _stat(path)
   journal = _stat(os.path.join(sweep_dir, JOURNAL))
   if disk is None or snapshot != disk.snapshot or (journal[2] if journal else 0) < disk.journal:
