@@ -28,12 +28,14 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
-from rlscale.checkpoints import checks, storage
+from rlscale.checkpoints import checks, orbax_leak, storage
 from rlscale.config.errors import ConfigError
 
 CHECKSUMS = "_checksums"  # the meta key of the arrays' checksums; refused in a caller's meta
 LAYOUT = "_layout"  # the meta key of the layout the arrays were saved on; refused likewise
 RESERVED = (CHECKSUMS, LAYOUT)
+
+orbax_leak.apply()
 
 
 def layout_of(state: Any) -> dict[str, Any] | None:
