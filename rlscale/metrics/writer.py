@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import json
 import math
@@ -96,7 +97,7 @@ class MetricsWriter:
     row.update({k: _plain(v) for k, v in metrics.items()})
     line = json.dumps(row) + "\n"
     self.lines.append(line)
-    with open(self.path, "a") as f:
+    with named(self.path), open(self.path, "a") as f:
       f.write(line)
     if self._tb is not None:
       for k, v in row.items():
@@ -116,9 +117,20 @@ def write_json(path: str, obj: dict[str, Any]) -> None:
   if jax.process_index() != 0:
     return
   tmp = path + ".tmp"
-  with open(tmp, "w") as f:
+  with named(path), open(tmp, "w") as f:
     json.dump({k: _plain(v) for k, v in obj.items()}, f, indent=2)
   os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def named(path: str):
+  """A write's OSError (a full disk: its write or close carries no file name) naming `path`."""
+  try:
+    yield
+  except OSError as e:
+    if e.filename is not None:
+      raise
+    raise OSError(e.errno, e.strerror, path) from e
 
 
 class Progress:

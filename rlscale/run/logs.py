@@ -33,11 +33,21 @@ def _late_callback(value) -> bool:
   return isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
 
 
+def _orbax_write_at_exit(unraisable) -> bool:
+  """A failed save's write that never finished, finalized as the process exits (its import of
+  humanize fails then): an orbax coroutine."""
+  code = getattr(unraisable.object, "cr_code", None)
+  return (isinstance(unraisable.exc_value, ImportError)
+          and "shutting down" in str(unraisable.exc_value)
+          and "/orbax/" in getattr(code, "co_filename", ""))
+
+
 def _quiet_unraisable(hook):
   """tensorstore completes a failed save's futures after orbax closed their event loop; each
-  reports a traceback ("Event loop is closed") as unraisable. Those alone are dropped."""
+  reports a traceback ("Event loop is closed") as unraisable; a write of that save still
+  pending when the process exits reports one too. Those alone are dropped."""
   def unraisablehook(unraisable):
-    if not _late_callback(unraisable.exc_value):
+    if not (_late_callback(unraisable.exc_value) or _orbax_write_at_exit(unraisable)):
       hook(unraisable)
   unraisablehook.quiet = True
   return unraisablehook

@@ -24,7 +24,9 @@ import numpy as np
 from absl import logging
 
 from rlscale.trainer import preemption
-from rlscale.checkpoints.checkpointer import Checkpointer, CheckpointMismatch, describe_layout
+from rlscale.checkpoints import storage
+from rlscale.checkpoints.checkpointer import (Checkpointer, CheckpointMismatch, StorageError,
+                                              describe_layout)
 from rlscale.config.errors import ConfigError
 from rlscale.metrics.writer import MetricsWriter, Progress
 from rlscale.resolve import experiment
@@ -242,6 +244,13 @@ class Loop:
           self._save_for_preemption(pending)
         pending = self.step(step, pending)
       self.flush(pending)
+    except OSError as e:  # the disk refused a log write (its save in flight may have filled it)
+      if storage.problem(e) is None:
+        raise
+      self.ckpt.wait()  # a save in flight that the disk refused is the one to report
+      raise StorageError(f"{e.filename or self.workdir}: {storage.problem(e)} while writing the "
+                         f"run's logs. {self._intact()} Make room and run the same command "
+                         f"again") from None
     finally:
       self.close()
     return self.result()

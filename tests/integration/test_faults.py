@@ -20,13 +20,13 @@ TIMING = ("time/", "throughput/", "memory/", "wall_time")
 EXIT_REQUEUE = 75
 
 
-def _run(fault, workdir, cache):
+def _run(fault, workdir, cache, **env):
   args = [f"--config={REPO}/configs/grpo.py:tiny", f"--workdir={workdir}",
           f"--config.init.cache_dir={cache}",
           f"--config.init.sft_config={REPO}/configs/sft.py:tiny",
           "--config.train.tensorboard=False"]
   env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+             XLA_FLAGS="--xla_force_host_platform_device_count=8", **env)
   out = subprocess.run([sys.executable, os.path.join(WORKERS, "faulty_run.py"), fault,
                         "--", *args], capture_output=True, text=True, env=env, timeout=600)
   return out.returncode, out.stderr
@@ -131,22 +131,26 @@ def _bytes_under(folder):
 
 @pytest.mark.slow(seconds=25)
 def test_a_full_disk_is_one_line_and_the_last_checkpoint_stays(straight, tmp_path, tiny_sft_base):
-  """The run directory on a tmpfs with room for less than two checkpoints: the save of step 4
-  fails as one error line naming the directory, the bytes needed and free, and step 2, which
-  stays intact; with room made, the same command resumes from it to the uninterrupted metrics.
-  The disk made read-only, a new run there is refused before it starts."""
+  """The run directory on a tmpfs that a file fills, right before the save of step 4, to half a
+  checkpoint of free space: that save fails as one error line naming the directory, the bytes
+  needed and free, and step 2, which stays intact; with room made, the same command resumes
+  from it to the uninterrupted metrics. Filled while the logs are written, the run stops in one
+  line naming metrics.jsonl and step 2. The disk made read-only, a new run there is refused
+  before it starts."""
   root, want = straight
   disk = tmp_path / "disk"
   disk.mkdir()
-  # 1.8 checkpoints: the first save has room to spare (a CI run once found 0 MiB free while
-  # saving step 2 in a disk of 1.5, not seen since), the second cannot fit beside the first.
-  size = int(1.8 * _bytes_under(root / "straight" / "checkpoints" / "2")) + (64 << 10)
-  mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)],
+  # Filled at the second save, not sized ahead: the space a save takes while it is written
+  # varies (a CI run sized for 1.8 checkpoints ran out while writing the logs beside step 2).
+  half = _bytes_under(root / "straight" / "checkpoints" / "2") // 2
+  mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)],
                          capture_output=True, text=True)
   if mount.returncode:
     pytest.skip(f"mounting a tmpfs needs root: {mount.stderr.strip()}")
+  filler = disk / "filler"
   try:
-    code, err = _run("none", disk / "run", tiny_sft_base)
+    code, err = _run("FILL:save:2", disk / "run", tiny_sft_base, FAULT_FILL_PATH=str(filler),
+                     FAULT_FILL_FREE=str(half))
     assert code == 2, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     errors = [line for line in err.splitlines() if line.startswith("error:")]
@@ -155,11 +159,21 @@ def test_a_full_disk_is_one_line_and_the_last_checkpoint_stays(straight, tmp_pat
             f"checkpoint of step 4 (it needs ~") in errors[0], errors[0]
     assert "the last checkpoint, step 2, is intact" in errors[0], errors[0]
     assert sorted(os.listdir(disk / "run" / "checkpoints")) == ["2"]  # the partial one removed
-    subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+    filler.unlink()
     code, err = _run("none", disk / "run", tiny_sft_base)
     assert code == 0, err[-3000:]
     assert "resumed from the checkpoint of step 2" in err
     _same(want, _rows(disk / "run"))
+    # Full while the logs are written (the save of step 2 done): one line naming the file.
+    code, err = _run("FILL:update:4", disk / "logs", tiny_sft_base, FAULT_FILL_PATH=str(filler),
+                     FAULT_FILL_FREE="0")
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err, err[-3000:]
+    assert errors[0] == (f"error: {disk / 'logs' / 'metrics.jsonl'}: No space left on device "
+                         f"while writing the run's logs. The last checkpoint (step 2) in "
+                         f"{disk / 'logs'} is intact. Make room and run the same command "
+                         f"again"), errors[0]
+    filler.unlink()
     subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)  # read-only now
     code, err = _run("none", disk / "other", tiny_sft_base)
     errors = [line for line in err.splitlines() if line.startswith("error:")]
