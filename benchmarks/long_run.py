@@ -95,18 +95,33 @@ def _at(samples: list[dict], step: int) -> dict:
   return min(samples, key=lambda s: abs(s["step"] - step))
 
 
+def _window(samples: list[dict], lo: int, hi: int) -> dict:
+  """Over the samples of steps lo..hi: the median RSS (a save or an evaluation in flight
+  raises it by ~15 MB for a moment) and the fewest and most open files (a save in flight
+  holds ~10 more)."""
+  inside = [s for s in samples if lo <= s["step"] <= hi] or [_at(samples, hi)]
+  rss = sorted(s["rss_mb"] for s in inside)
+  return dict(steps=[inside[0]["step"], inside[-1]["step"]], samples=len(inside),
+              rss_mb=round(rss[len(rss) // 2], 1), fds_min=min(s["fds"] for s in inside),
+              fds_max=max(s["fds"] for s in inside))
+
+
 def summary(samples: list[dict], steps: int) -> dict:
-  """The figures at ~10% of the run and at its end, and their ratios."""
+  """The figures at ~10% of the run and at its end, and their ratios: RSS and open files over
+  windows of 10% of the run (around 10%, the last), the logs' growth per step."""
   early, end = _at(samples, max(1, steps // 10)), samples[-1]
   mid = _at(samples, (early["step"] + end["step"]) // 2)
+  span = max(1, steps // 20)
+  first = _window(samples, max(1, steps // 10 - span), steps // 10 + span)
+  last = _window(samples, end["step"] - 2 * span, end["step"])
 
   def rate(key):  # bytes per step, second half over first
     a = (mid[key] - early[key]) / max(1, mid["step"] - early["step"])
     b = (end[key] - mid[key]) / max(1, end["step"] - mid["step"])
     return round(b / a, 3) if a else None
-  return dict(early=early, mid=mid, end=end,
-              rss_ratio=round(end["rss_mb"] / early["rss_mb"], 3),
-              fds_growth=end["fds"] - early["fds"], max_checkpoints=max(
+  return dict(early=early, mid=mid, end=end, early_window=first, end_window=last,
+              rss_ratio=round(last["rss_mb"] / first["rss_mb"], 3),
+              fds_growth=last["fds_min"] - first["fds_min"], max_checkpoints=max(
                   s["checkpoints"] for s in samples),
               metrics_rate_ratio=rate("metrics_bytes"), events_rate_ratio=rate("events_bytes"))
 

@@ -36,7 +36,7 @@ DEFAULTS = {
     "eval.greedy": True, "eval.sampled": False, "eval.reference": False,
     "eval.adaptive": False, "eval.adaptive_z": 2.0, "target.stop_margin": 0.0,
     "init.branch_from": "", "init.branch_step": 0, "init.branch_optimizer": "parent", "train.keep_period": 0,
-    "train.peer_timeout_s": 100,
+    "train.peer_timeout_s": 100, "train.compile_buckets": "auto",
 }
 
 

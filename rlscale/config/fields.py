@@ -15,6 +15,8 @@ import os
 from rlscale.config import defaults
 from rlscale.config.errors import ConfigError
 
+COMPILE_BUCKETS = ("auto", "ahead", "on_use")  # train.compile_buckets (rlscale/rl/packing.py)
+
 __all__ = ["EVAL_METRICS", "check", "check_directory", "integer", "number", "boolean",
            "hf_folder"]
 
@@ -153,6 +155,9 @@ def _train(errors: list[str], cfg) -> None:
             why=" (whole seconds: jax.distributed's heartbeat timeout)")
   for f in ("async_checkpoint", "tensorboard"):
     boolean(errors, f"train.{f}", t[f])
+  if t.get("compile_buckets", "auto") not in COMPILE_BUCKETS:
+    errors.append(f"train.compile_buckets={t.compile_buckets!r} must be one of "
+                  f"{', '.join(map(repr, COMPILE_BUCKETS))}")
   if "peak_flops" in t:
     number(errors, "train.peak_flops", t.peak_flops, ">= 0 (0: known accelerators only)",
            lambda v: v >= 0)

@@ -182,6 +182,10 @@ def run(num_steps: int) -> ml_collections.ConfigDict:
   # fit (rlscale/rl/packing.py): no compute after a response's last token; one compiled update
   # per bucket of packed rows met (at most 8). False: every response padded to the longest.
   c.pack_responses = True
+  # When each bucket's update compiles: 'ahead', all at the first update (a long run's host
+  # memory is then set in its first step; ~8 compilations up front), 'on_use', when each is
+  # first met, or 'auto': 'ahead' from 1,000 steps on. No number of the run depends on it.
+  c.compile_buckets = "auto"
   return c
 
 

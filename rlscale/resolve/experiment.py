@@ -158,7 +158,7 @@ def recipe_folder(cfg: ml_collections.ConfigDict, sft_cfg: ml_collections.Config
 
 # Fields the hash leaves out: added after runs were named by it, and changing no number a run
 # computes; a run directory and a cached base policy keep the name they had before.
-UNHASHED = ("train.peer_timeout_s",)
+UNHASHED = ("train.peer_timeout_s", "train.compile_buckets")
 
 
 def config_hash(cfg: ml_collections.ConfigDict, drop: tuple[str, ...] = ()) -> str:
@@ -179,7 +179,7 @@ def config_hash(cfg: ml_collections.ConfigDict, drop: tuple[str, ...] = ()) -> s
 # False, decode_chunk 64) resumes under the new defaults with no flag.
 FREE_TO_CHANGE = ("train.log_every", "train.tensorboard", "train.async_checkpoint",
                   "train.shared_prompt", "train.pack_responses", "rollout.decode_chunk",
-                  "train.peer_timeout_s")
+                  "train.peer_timeout_s", "train.compile_buckets")
 
 
 def _inert(key: str, old: dict, new: dict) -> bool:

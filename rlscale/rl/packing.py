@@ -29,6 +29,15 @@ import numpy as np
 from rlscale.models.packed_rows import Packing
 
 BUCKETS = 8  # packed rows per shard: k/8 of the unpacked rows, k = 1 .. 7 (8: unpacked)
+# train.compile_buckets='auto' compiles every bucket's update at the first update from this many
+# steps on: a long run's host memory is then set in its first step, not raised by each bucket
+# the run first meets later (one compiled program each, tens of MB of host memory on a CPU).
+AHEAD_FROM_STEPS = 1000
+
+
+def compile_ahead(choice: str, num_steps: int) -> bool:
+  """train.compile_buckets resolved: whether every bucket's update compiles at the first one."""
+  return choice == "ahead" or (choice == "auto" and num_steps >= AHEAD_FROM_STEPS)
 
 
 def input_lengths(resp_mask_BxN: jax.Array) -> jax.Array:
@@ -75,6 +84,15 @@ class Packer:
     """The packed rows per shard a step may take (each a compiled shape)."""
     return sorted({max(1, math.ceil(self.rows * k / BUCKETS)) for k in range(1, BUCKETS)}
                   - {self.rows})
+
+  def blank(self, perms_shape: tuple[int, int], width: int, rows: int) -> Packing:
+    """A packing into `rows` packed rows per shard with every slot empty, of the shapes `plan`
+    gives for perms of `perms_shape` [E, B]: what compiling that bucket's update needs."""
+    e, b = perms_shape
+    lead = (e, self.minibatches, b // self.minibatches // self.micro, self.shards)
+    empty = lambda shape: np.full(shape, -1, np.int32)
+    return Packing(empty(lead + (rows, width)), empty(lead + (self.rows, width)),
+                   np.zeros(lead + (rows,), np.int32))
 
   def _slots(self, lengths: np.ndarray, perms: np.ndarray, width: int):
     e, b = perms.shape

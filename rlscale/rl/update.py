@@ -16,12 +16,14 @@ micro-batch's groups run their prompt once (models/shared_prompt.py).
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from absl import logging
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
@@ -429,6 +431,9 @@ class Update:
     self._host = _HostPlan(mesh, rules, lanes)
     self.traces = 0
     self.packed_rows: int | None = None  # the last update's packed rows per shard, None unpacked
+    # train.compile_buckets (packing.compile_ahead): every bucket's program, and the unpacked
+    # one, compiled at the first update instead of when each is first met.
+    self.compile_ahead = False
 
   def state_shardings(self, state: TrainState):
     rep = sharding.replicated(self.mesh)
@@ -488,7 +493,22 @@ class Update:
     scale = None if lr_scale is None else jnp.asarray(lr_scale, jnp.float32)
     if hyper is not None:
       hyper = {k: np.asarray(v, np.float32) for k, v in hyper.items()}
+    if self.compile_ahead and self.packer is not None and self.traces == 0:
+      self._compile_buckets(state, batch, perms, demos, scale, hyper)
     return self._jitted(state, batch, perms, demos, packs, scale, hyper)
+
+  def _compile_buckets(self, state, batch, perms, demos, scale, hyper) -> None:
+    """Compile the update of every bucket of packed rows and the unpacked one, before the
+    first update runs: a call of those shapes then runs what jit kept (nothing traced)."""
+    t = time.time()
+    width = batch.resp_mask.shape[-1] - 1
+    shapes = [None] + ([] if width < 1 else
+                       [self._host.place(self.packer.blank(perms.shape, width, r), 3)
+                        for r in self.packer.buckets()])
+    for packs in shapes:
+      self._jitted.lower(state, batch, perms, demos, packs, scale, hyper).compile()
+    logging.info("compiled the update of %d buckets of packed rows and the unpacked one ahead "
+                 "(train.compile_buckets) in %.1f s", len(shapes) - 1, time.time() - t)
 
   def _lanes_call(self, state, batch, key, by_group, demos, lr_scale, hyper):
     """One update of every lane (runs side by side): `state`, `batch`, `key` and `hyper`

@@ -41,6 +41,7 @@ from rlscale.trainer.loop import Loop, NonFiniteError, Pending  # noqa: F401  (N
 from rlscale.metrics.writer import write_json
 from rlscale.rl import algorithm
 from rlscale.rl import optim
+from rlscale.rl import packing
 from rlscale.sampling import Sampler, SamplingParams, generate
 from rlscale.metrics import summary
 
@@ -78,6 +79,7 @@ class RLTrainer:
     logging.info("batch plan: %s", self.plan.summary_line())
     self.algo = algorithm.build(algorithm.Context(cfg, self.plan, env, self.graphdef, params, base))
     self.actor = self.algo.models["actor"]
+    self._compile_buckets(cfg.train.get("compile_buckets", "auto"))
     self.samples_per_step = self.plan.responses  # without dynamic sampling: every step's
     # responses_seen counts the responses generated (the sample cost), responses_trained those
     # the update trained on; they differ under dynamic sampling (rlscale/trainer/refill.py).
@@ -115,6 +117,19 @@ class RLTrainer:
                    "%d prompts per decode call, at most %d rounds, oversample %s",
                    f" or reward std <= {ro.filter_min_std:g}" if ro.filter_min_std else "",
                    self.refill.call_prompts, self.refill.max_rounds, ro.oversample)
+
+  def _compile_buckets(self, choice: str) -> None:
+    """train.compile_buckets: whether each packed update compiles every bucket at its first
+    call (packing.compile_ahead), said in one line."""
+    packed = [m.update for m in self.algo.models.values() if m.update.packer is not None]
+    if not packed:
+      return
+    ahead = packing.compile_ahead(choice, self.plan.num_steps)
+    for update in packed:
+      update.compile_ahead = ahead
+    logging.info("train.compile_buckets=%s: %s", choice,
+                 f"every bucket's update compiled at the first update ({self.plan.num_steps} "
+                 f"steps)" if ahead else "each bucket's update compiled when first met")
 
   def _fit_generation_batch(self, value) -> dict[str, Any] | None:
     """generation_batch='auto': the largest decode call whose compiled memory fits the

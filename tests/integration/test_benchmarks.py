@@ -157,5 +157,6 @@ def test_long_run_benchmark(tmp_path):
   (row,) = _run("long_run.py", "--steps=8", "--every=2", f"--workdir={tmp_path}/run")
   assert row["end"]["step"] == 8 and row["early"]["step"] >= 1
   assert row["end"]["rss_mb"] > 0 and row["end"]["fds"] > 0
+  assert row["end_window"]["samples"] >= 1 and row["end_window"]["fds_min"] > 0
   assert row["max_checkpoints"] >= 1 and row["end"]["checkpoints"] <= 3
   assert row["end"]["metrics_bytes"] > row["early"]["metrics_bytes"] > 0

@@ -152,6 +152,8 @@ BAD = [
         "batch shards (8 x 8)", also={"rl.microbatch": 8}),
     row("grpo.py", "train.pack_responses", "auto", "train.pack_responses='auto' must be True or "
         "False"),
+    row("grpo.py", "train.compile_buckets", "early", "train.compile_buckets='early' must be one "
+        "of 'auto', 'ahead', 'on_use'"),
     # optim (the actor's; SFT's)
     row("grpo.py", "optim.lr", 0.0, "optim.lr=0.0 must be a positive number"),
     row("grpo.py", "optim.lr", NAN, "optim.lr=nan must be a positive number"),

@@ -65,6 +65,35 @@ def test_buckets_and_the_padded_fallback():
 def test_compiled_updates_are_bounded_by_the_buckets(tiny_cfg):
   """Twelve steps of random lengths: one compiled update per bucket met (and one padded), none
   when a bucket comes again."""
+  update, steps = _packed_steps(tiny_cfg)
+  seen = set()
+  for step in range(12):
+    steps(step)
+    seen.add(update.packed_rows)
+    assert update.traces == len(seen), (step, seen)
+  assert None in seen and len(seen) >= 3
+
+
+def test_compiled_ahead_every_bucket_is_compiled_at_the_first_update(tiny_cfg):
+  """train.compile_buckets='ahead': the first update compiles every bucket's program and the
+  padded one; the steps after it, whatever bucket they meet, compile nothing more."""
+  update, steps = _packed_steps(tiny_cfg)
+  update.compile_ahead = True
+  every = len(update.packer.buckets()) + 1
+  seen = set()
+  for step in range(6):
+    steps(step)
+    seen.add(update.packed_rows)
+    assert update.traces == every, (step, update.traces)
+  assert None in seen and len(seen) >= 3
+  assert packing.compile_ahead("auto", packing.AHEAD_FROM_STEPS)
+  assert not packing.compile_ahead("auto", packing.AHEAD_FROM_STEPS - 1)
+  assert packing.compile_ahead("ahead", 4) and not packing.compile_ahead("on_use", 10**6)
+
+
+def _packed_steps(tiny_cfg):
+  """A packed update of a one-layer model, and a function running its step `i` on rows of
+  random lengths (every 4th step all full: the padded program)."""
   cfg = tiny_cfg.replace(num_layers=1)
   graphdef, params = nnx.split(models.CausalLM(cfg, rngs=nnx.Rngs(params=0)))
   mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
@@ -74,21 +103,21 @@ def test_compiled_updates_are_bounded_by_the_buckets(tiny_cfg):
                        num_epochs=1, microbatch=8, aggregation="token-mean", max_len=8,
                        mesh=mesh, rules=sharding.rules_from_config(None), group_size=4,
                        shared_prompt=4, pack=True)
-  state = update.place(TrainState(params, optax.sgd(0.1).init(params), jnp.zeros((), jnp.int32)))
+  held = [update.place(TrainState(params, optax.sgd(0.1).init(params), jnp.zeros((), jnp.int32)))]
   rng = np.random.default_rng(0)
-  seen = set()
-  for step in range(12):
+
+  def step(i):
     tokens = jnp.asarray(rng.integers(3, cfg.vocab_size, (16, 12)), jnp.int32)
-    length = rng.integers(1, 9, 16) if step % 4 else np.full(16, 8)  # every 4th: all full
+    length = rng.integers(1, 9, 16) if i % 4 else np.full(16, 8)  # every 4th: all full
     resp = jnp.asarray(np.arange(8)[None] < length[:, None])
     mask = jnp.concatenate([jnp.ones((16, 4), bool), resp], axis=1)
     extras = {"advantages": jnp.asarray(rng.normal(size=16), jnp.float32),
               "old_logp": jnp.full((16, 8), -2.0), "ref_logp": jnp.full((16, 8), -2.0)}
-    state, metrics = update(state, SequenceBatch(tokens, mask, resp, extras), jax.random.key(step))
+    held[0], metrics = update(held[0], SequenceBatch(tokens, mask, resp, extras),
+                              jax.random.key(i))
     assert np.isfinite(float(metrics["loss"]))
-    seen.add(update.packed_rows)
-    assert update.traces == len(seen), (step, seen)
-  assert None in seen and len(seen) >= 3
+
+  return update, step
 
 
 def test_inputs_after_the_last_loss_token_are_neutral_in_a_padded_step(tiny_cfg):
