@@ -58,11 +58,11 @@ def _summary_writer(folder: str):
 class MetricsWriter:
   """One JSON object per step in metrics.jsonl, the same scalars as TensorBoard events.
 
-  Only process 0 writes. Every line written is also kept, so that a checkpoint can carry the
-  rows up to its step (`packed()`); a resumed run passes them back as `restore`, and the file
-  is rewritten from them atomically: exactly one valid row per step up to the restored step,
-  whatever a crash did to the file. Without `restore`, on resume from step k the valid lines up
-  to step k are kept.
+  Only process 0 writes. A checkpoint carries the rows up to its step (`packed()`, read back
+  from the file: no row is held in memory, which over a run of days would grow by each step's);
+  a resumed run passes them back as `restore`, and the file is rewritten from them atomically:
+  exactly one valid row per step up to the restored step, whatever a crash did to the file.
+  Without `restore`, on resume from step k the valid lines up to step k are kept.
   """
 
   def __init__(self, workdir: str, resume_step: int | None = None, tensorboard: bool = True,
@@ -70,21 +70,18 @@ class MetricsWriter:
     self.enabled = jax.process_index() == 0
     self.path = os.path.join(workdir, "metrics.jsonl")
     self._tb = None
-    self.lines: list[str] = []
     if not self.enabled:
       return
     os.makedirs(workdir, exist_ok=True)
     if restore is not None:
-      self.lines = unpack(restore)
       tmp = self.path + ".tmp"
       with open(tmp, "w") as f:
-        f.writelines(self.lines)
+        f.writelines(unpack(restore))
       os.replace(tmp, self.path)
     elif os.path.exists(self.path):
       keep = [line if line.endswith("\n") else line + "\n"
               for line, row in rows.iter_rows(self.path)  # a line cut by a crash is dropped
               if resume_step is not None and row.get("step", 0) <= resume_step]
-      self.lines = keep
       with open(self.path, "w") as f:
         f.writelines(keep)
     if tensorboard:
@@ -96,7 +93,6 @@ class MetricsWriter:
     row = {"step": int(step)}
     row.update({k: _plain(v) for k, v in metrics.items()})
     line = json.dumps(row) + "\n"
-    self.lines.append(line)
     with named(self.path), open(self.path, "a") as f:
       f.write(line)
     if self._tb is not None:
@@ -105,8 +101,11 @@ class MetricsWriter:
           self._tb.add_scalar(k, v, step)
 
   def packed(self) -> str:
-    """The rows written so far, for a checkpoint's meta."""
-    return pack(self.lines)
+    """The rows written so far, for a checkpoint's meta (`pack` of the file's lines)."""
+    if not self.enabled or not os.path.exists(self.path):
+      return pack([])
+    with open(self.path, "rb") as f:
+      return base64.b64encode(gzip.compress(f.read(), mtime=0)).decode()
 
   def close(self) -> None:
     if self._tb is not None:
