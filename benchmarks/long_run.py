@@ -11,21 +11,26 @@ memory that is flat stays within 10%, files do not grow, checkpoints stay at
 `train.keep_checkpoints`, and the logs grow linearly (bytes per step in the second half over
 the first). Linux only (/proc).
 
-Measured on configs/grpo.py:tiny, 2026-12-06, a 2-core CPU shared with other jobs (RSS in MB):
+Measured on configs/grpo.py:tiny, evaluating and saving every 2 steps, 2026-12-06, a 2-core CPU
+shared with other jobs. RSS in MB, the median over steps 100-300 and over the last 200 steps:
 
-| run | step 200 | step 2,000 | ratio | between compiles |
-| --- | --- | --- | --- | --- |
-| evaluate and save every 2 steps | 509 | 672 | 1.32 | +31 KB a step |
-| neither (3,000 steps) | 545 (step 736) | 594 (step 2,997) | - | flat (545 from 736 to 1,814) |
+| code | steps 100-300 | 1,800-2,000 | ratio | open files (fewest) | between compiles |
+| --- | --- | --- | --- | --- | --- |
+| 1537aa7 (single samples at 200 and 2,000) | 509 | 672 | 1.32 | 15 -> 9 | +31 KB a step |
+| orbax's byte counter fixed, buckets compiled when met | 585 | 725 | 1.24 | 9 -> 9 | +28 KB a step |
+| 86ae4dd: both orbax leaks, no rows held, buckets compiled ahead | 768 | 796 | **1.035** | 9 -> 9 | +15 KB a step |
 
-Where it goes: each bucket of packed rows first met compiles one more update program
-(rlscale/rl/packing.py; at most 8 per model) and RSS steps up by 40-65 MB there (steps ~516 and
-~1,814 here), and stays; between compiles it is flat without saves and evaluations. With them it
-creeps ~30 KB a step, of which orbax keeps ~19 KB a save (Python objects made by its tensorstore
-byte count, tensorstore_utils.get_tensorstore_raw_bytes, never freed; 100 saves of a 256x256
-array alone leave 1.9 MB). Limiting glibc's arenas to 2 and trimming the heap after every
-compile moved the ratio only from 1.32 to 1.27: not adopted. Open files, checkpoints on disk
-(keep_checkpoints = 2; 3 while a save is being written) and the logs' growth per step hold.
+Where it went: (a) each bucket of packed rows a run first meets compiles one more update program
+(rlscale/rl/packing.py, at most 8 per model) and RSS steps up by 40-65 MB there (steps ~516 and
+~1,814 of this run) and stays: train.compile_buckets='ahead' ('auto' from 1,000 steps) compiles
+them all at the first update, so the memory is taken in the first step (here ~180 MB more than
+the 3 buckets this run meets; a CPU program is large, an accelerator's host side much less).
+(b) orbax keeps what tensorstore returns on every save (rlscale/checkpoints/orbax_leak.py: ~27 KB
+a save of 16 arrays before, ~8 KB after). (c) The metrics writer held every row for the
+checkpoints (~2 KB a step): now read back from the file. Without saves and evaluations RSS is
+flat between compiles over 3,000 steps. Checkpoints on disk stay at keep_checkpoints = 2 (3
+while a save is written) and the logs grow by the same bytes a step (1.004 / 1.005, second half
+over first).
 
 --trace runs the job under tracemalloc instead (slower) and prints the 15 call sites
 whose Python allocations grew most between the two steps (the RSS sampled the same way).
