@@ -74,6 +74,7 @@ def test_compiled_updates_are_bounded_by_the_buckets(tiny_cfg):
   assert None in seen and len(seen) >= 3
 
 
+@pytest.mark.slow(seconds=20)  # 8 compilations: in .ci/run, out of the README's quick run
 def test_compiled_ahead_every_bucket_is_compiled_at_the_first_update(tiny_cfg):
   """train.compile_buckets='ahead': the first update compiles every bucket's program and the
   padded one; the steps after it, whatever bucket they meet, compile nothing more."""
