@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from rlscale.config import defaults
-from rlscale.metrics.rows import read_rows
 from rlscale.sweep.manifest import run_done
 
 AXES = {"generated": "responses_seen", "trained": "responses_trained"}  # axis -> column
@@ -128,16 +127,61 @@ class Run:
     return sum(values) / len(values) if values else None
 
 
-def load(path: str) -> Run:
-  def read(name):
+def _number(v):
+  """Metrics hold "inf"/"nan" as strings (JSON has no infinity)."""
+  if isinstance(v, str) and v.lower() in ("inf", "-inf", "nan", "infinity", "-infinity"):
+    return float(v)
+  return v
+
+
+def read(path: str) -> tuple[Run | None, list[str]]:
+  """The run at `path` and what was wrong reading it: the one reader of a run directory (the
+  report, the study, compare_runs, the probe, the advisor and the throughput calibration).
+  None, with the reason, where `path` is no run directory (missing, not a directory, no
+  readable config.json). A config.json written before a field existed gets that field at the
+  value the run used; metrics.jsonl's lines that do not parse (a line cut by a kill) are
+  skipped and counted; "inf" and "nan" in it are numbers again."""
+  warnings = []
+
+  def read_json(name):
     p = os.path.join(path, name)
     if not os.path.exists(p):
       return {}
+    try:
+      with open(p) as f:
+        return json.load(f)
+    except (json.JSONDecodeError, OSError) as e:
+      warnings.append(f"{name} unreadable ({e.__class__.__name__})")
+      return {}
+  if not os.path.isdir(path):
+    return None, [f"{path}: not a run directory ("
+                  f"{'not a directory' if os.path.exists(path) else 'it does not exist'})"]
+  config = read_json("config.json")
+  if not config:
+    return None, warnings + [f"{path}: no config.json (not a run directory)"]
+  rows, bad = [], 0
+  p = os.path.join(path, "metrics.jsonl")
+  if os.path.exists(p):
     with open(p) as f:
-      return json.load(f)
-  # A config.json written before a field existed: that field at the value the run used.
-  return Run(path, defaults.fill_json(read("config.json")), read_rows(path),
-             read("summary.json"))
+      for line in f:
+        try:
+          row = json.loads(line)
+        except json.JSONDecodeError:
+          bad += 1
+          continue
+        if isinstance(row, dict):
+          rows.append({k: _number(v) for k, v in row.items()})
+        else:
+          bad += 1
+  if bad:
+    warnings.append(f"metrics.jsonl: {bad} malformed line(s) skipped")
+  return Run(path, defaults.fill_json(config), rows, read_json("summary.json")), warnings
+
+
+def load(path: str) -> Run:
+  """`read`'s run; a folder that is none reads as an empty run (no config, rows or summary)."""
+  run, _ = read(path)
+  return run if run is not None else Run(path, defaults.fill_json({}), [], {})
 
 
 def expand(paths: list[str], only: str | None = None) -> list[str]:

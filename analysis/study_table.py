@@ -50,7 +50,6 @@ from analysis import runs as runs_lib
 from analysis.runs import GENERATED, Run, axis_label
 from analysis import stats
 from rlscale.sweep.manifest import run_done
-from rlscale.config import defaults
 from rlscale.metrics import crossing
 from rlscale.rl import optim
 
@@ -153,49 +152,7 @@ def read_record(dirs: list[str]) -> dict[str, Any]:
   return {}
 
 
-def _number(v):
-  """Metrics hold "inf"/"nan" as strings (JSON has no infinity)."""
-  if isinstance(v, str) and v.lower() in ("inf", "-inf", "nan", "infinity", "-infinity"):
-    return float(v)
-  return v
-
-
-def load_run(path: str) -> tuple[Run | None, list[str]]:
-  """The run at `path` and warnings about it (malformed lines are skipped and counted)."""
-  warnings = []
-  def read(name):
-    p = os.path.join(path, name)
-    if not os.path.exists(p):
-      return {}
-    try:
-      with open(p) as f:
-        return json.load(f)
-    except (json.JSONDecodeError, OSError) as e:
-      warnings.append(f"{name} unreadable ({e.__class__.__name__})")
-      return {}
-  if not os.path.isdir(path):
-    return None, [f"{path}: {'not a directory' if os.path.exists(path) else 'does not exist'}"]
-  config = read("config.json")
-  if not config:
-    return None, warnings + [f"{path}: no config.json (not a run directory)"]
-  config = defaults.fill_json(config)  # fields added since: the run's values
-  rows, bad = [], 0
-  p = os.path.join(path, "metrics.jsonl")
-  if os.path.exists(p):
-    with open(p) as f:
-      for line in f:
-        try:
-          row = json.loads(line)
-        except json.JSONDecodeError:
-          bad += 1
-          continue
-        if isinstance(row, dict):
-          rows.append({k: _number(v) for k, v in row.items()})
-        else:
-          bad += 1
-  if bad:
-    warnings.append(f"metrics.jsonl: {bad} malformed line(s) skipped")
-  return Run(path, config, rows, read("summary.json")), warnings
+load_run = runs_lib.read  # the run at a path and warnings about it (analysis/runs.py)
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -17,7 +17,6 @@ both are reproduced exactly.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import statistics
@@ -168,19 +167,6 @@ class Run:
   model: Any = None  # the run's ModelConfig
 
 
-def _read(path: str, name: str):
-  p = os.path.join(path, name)
-  if not os.path.exists(p):
-    return {} if name.endswith(".json") else []
-  with open(p) as f:
-    try:
-      if name.endswith(".json"):
-        return json.load(f)
-      return [json.loads(line) for line in f if line.strip().startswith("{")]
-    except json.JSONDecodeError as e:  # a file cut short by a kill
-      raise ValueError(f"{p}: not valid JSON ({e})") from None
-
-
 def shape(cfg) -> dict[str, Any]:
   """The Workload fields a model's shape and dtypes decide (cfg: a ModelConfig)."""
   act, pb = (2 if "16" in str(d) else 4 for d in (cfg.dtype, cfg.param_dtype))
@@ -257,18 +243,17 @@ def _model(config: dict):
 def load_run(path: str, skip: int = SKIP_STEPS) -> Run:
   """A run directory's workload and median phase times (mesh.roles and mesh.sampler_devices
   read with defaults, so runs from before the split layout read as colocated)."""
+  from analysis import runs as runs_lib
   from rlscale.plan import batch
-  if not os.path.isdir(path):
-    raise ValueError(f"{path}: not a run directory (it does not exist)" if not
-                     os.path.exists(path) else f"{path}: not a run directory")
-  config, summary = _read(path, "config.json"), _read(path, "summary.json")
-  if not config:
-    raise ValueError(f"{path}: no config.json (not a run directory?)")
+  run, warnings = runs_lib.read(path)
+  if run is None:
+    raise ValueError("; ".join(warnings))
+  config, summary = run.config, run.summary
   if not summary:
     raise ValueError(f"{path}: no summary.json: the run has not finished (or stopped early), so "
                      "its devices and its steady step times are not known; give a finished run")
   try:
-    med = medians(_read(path, "metrics.jsonl"), skip)
+    med = medians(run.rows, skip)
   except (ValueError, KeyError, TypeError) as e:
     raise ValueError(f"{path}: {e if isinstance(e, ValueError) else repr(e)}") from e
   plan = batch.plan(config)

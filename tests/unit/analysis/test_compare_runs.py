@@ -73,18 +73,18 @@ def test_a_missing_or_unreadable_run_is_named_and_left_out(tmp_path, capsys):
   from analysis import compare_runs
   from analysis.study_table import load_run
   run, why = load_run(str(tmp_path / "gone"))
-  assert run is None and why == [f"{tmp_path / 'gone'}: does not exist"]
+  assert run is None and why == [f"{tmp_path / 'gone'}: not a run directory (it does not exist)"]
   os.makedirs(tmp_path / "empty")
   run, why = load_run(str(tmp_path / "empty"))
   assert run is None and "no config.json" in why[0]
   with pytest.raises(SystemExit) as e:
     compare_runs.main([str(tmp_path / "gone"), str(tmp_path / "empty")])
   err = capsys.readouterr().err
-  assert e.value.code == 2 and "gone: does not exist; left out" in err
+  assert e.value.code == 2 and "gone: not a run directory (it does not exist); left out" in err
   good = _run(tmp_path, "p16", 16, 1, rtt=3000)
   compare_runs.main([str(tmp_path / "gone"), good])
   out = capsys.readouterr()
-  assert "gone: does not exist; left out" in out.err
+  assert "gone: not a run directory (it does not exist); left out" in out.err
   assert json.loads(out.out.splitlines()[0])["run"] == "p16"
   with pytest.raises(SystemExit):
     compare_runs.main([good, "--reference", str(tmp_path / "gone")])
