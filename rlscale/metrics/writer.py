@@ -27,9 +27,11 @@ def _plain(v: Any) -> Any:
   return v
 
 
-def pack(lines: list[str]) -> str:
-  """metrics.jsonl lines as compact text for a checkpoint's meta (gzip, base64)."""
-  return base64.b64encode(gzip.compress("".join(lines).encode(), mtime=0)).decode()
+def pack(lines: list[str] | bytes) -> str:
+  """metrics.jsonl lines (or the file's bytes) as compact text for a checkpoint's meta (gzip,
+  base64)."""
+  data = lines if isinstance(lines, bytes) else "".join(lines).encode()
+  return base64.b64encode(gzip.compress(data, mtime=0)).decode()
 
 
 def unpack(text: str) -> list[str]:
@@ -105,7 +107,7 @@ class MetricsWriter:
     if not self.enabled or not os.path.exists(self.path):
       return pack([])
     with open(self.path, "rb") as f:
-      return base64.b64encode(gzip.compress(f.read(), mtime=0)).decode()
+      return pack(f.read())
 
   def close(self) -> None:
     if self._tb is not None:

@@ -475,6 +475,9 @@ class Update:
     batch_sh, demos_sh = shard(batch), shard(demos)
     batch = jax.device_put(batch, batch_sh)  # a no-op for rows already on the batch axes
     perms, packs = self._plan(batch, key, by_group)
+    scale = None if lr_scale is None else jnp.asarray(lr_scale, jnp.float32)
+    if hyper is not None:
+      hyper = {k: np.asarray(v, np.float32) for k, v in hyper.items()}
     if self._jitted is None:
       state_sh = self.state_shardings(state)
       rep = sharding.replicated(self.mesh)
@@ -490,11 +493,8 @@ class Update:
       self._jitted = jax.jit(counted, donate_argnums=0,
                              in_shardings=(state_sh, batch_sh, rep, demos_sh, packs_sh, rep, rep),
                              out_shardings=(state_sh, rep))
-    scale = None if lr_scale is None else jnp.asarray(lr_scale, jnp.float32)
-    if hyper is not None:
-      hyper = {k: np.asarray(v, np.float32) for k, v in hyper.items()}
-    if self.compile_ahead and self.packer is not None and self.traces == 0:
-      self._compile_buckets(state, batch, perms, demos, scale, hyper)
+      if self.compile_ahead and self.packer is not None:
+        self._compile_buckets(state, batch, perms, demos, scale, hyper)
     return self._jitted(state, batch, perms, demos, packs, scale, hyper)
 
   def _compile_buckets(self, state, batch, perms, demos, scale, hyper) -> None:

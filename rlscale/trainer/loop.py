@@ -245,10 +245,11 @@ class Loop:
         pending = self.step(step, pending)
       self.flush(pending)
     except OSError as e:  # the disk refused a log write (its save in flight may have filled it)
-      if storage.problem(e) is None:
+      problem = storage.problem(e)
+      if problem is None:
         raise
       self.ckpt.wait()  # a save in flight that the disk refused is the one to report
-      raise StorageError(f"{e.filename or self.workdir}: {storage.problem(e)} while writing the "
+      raise StorageError(f"{e.filename or self.workdir}: {problem} while writing the "
                          f"run's logs. {self._intact()} Make room and run the same command "
                          f"again") from None
     finally:
