@@ -6,12 +6,14 @@ Merrill et al. 2025 ("Critical Batch Size Revisited") measure it locally: from o
 short continuations at several batches, each with the learning rate its rule gives; the
 critical batch is where a larger batch stops making the same progress per sample. Here:
 
-- Progress is the branch's held-out metric (eval/reference_prob by default: the mean
-  probability of each held-out problem's reference response, teacher forced) against the
-  responses the branch generated. It has no evaluation noise: one forward pass, no sampling, the
-  same problems for every branch; what differs between seeds is the training itself.
+- Progress is the branch's held-out metric (the one it was scored on, eval/reference_prob by
+  default: the mean probability of each held-out problem's reference response, teacher forced;
+  eval/accuracy_sampled to compare with a study) against the responses the branch generated.
+  The reference likelihood has no evaluation noise: one forward pass, no sampling, the same
+  problems for every branch; what differs between seeds is the training itself.
 - Every branch of a point starts from the same checkpoint, so their first evaluations agree
-  (`m0`); a disagreement is reported (branches of different checkpoints mixed up).
+  (`m0`; a sampled metric's within each seed); a disagreement is reported (branches of
+  different checkpoints mixed up).
 - The gain to reach is `gain` x the least median gain any batch's seeds made over the budget
   (the largest batch's, when progress per sample falls with B): that batch reaches it at about
   `gain` of its budget and every other batch sooner, so every batch's E is measured, none
@@ -43,6 +45,7 @@ from analysis import fits, study_table
 from analysis import runs as runs_lib
 
 METRIC = "eval/reference_prob"
+SAMPLED = ("eval/accuracy_sampled",)  # metrics whose first evaluation differs between seeds
 # The gains the report also reads B_crit at: where it moves with the gain, the branches' curves
 # are not one curve stretched by 1 + B/B_crit (the law's premise), and the seeds' interval
 # understates what is known.
@@ -99,18 +102,19 @@ def choose_rates(e: dict[int, dict[float, list]], finals: dict[int, dict[float, 
 
 
 def estimate(curves_by_batch: dict, gain: float = 0.5, min_seeds: int = 3,
-             reps: int = 1000, seed: int = 0) -> dict[str, Any]:
+             reps: int = 1000, seed: int = 0, spread: float | None = None) -> dict[str, Any]:
   """B_crit at one branch point from each batch's branch curves [(responses, value), ...] (one
   per seed, the branch point first), either a list per batch (one rate) or {lr: list} per
   batch (a rate scan: E at each batch is read at its own best rate, `choose_rates`). Returns
   fits.critical_batch's dict (b_crit, its interval, identified, reasons, n seeds per batch)
   with m0, the target, the E per seed at each batch's rate, the rates and `spread`, the largest
-  difference between the branches' first values. A batch whose best rate is at the edge of its
-  scan leaves B_crit not identified: its E is the rate's, not the batch's."""
+  difference between the branches' first values (given: `start_spread`'s, for a sampled metric).
+  A batch whose best rate is at the edge of its scan leaves B_crit not identified: its E is the
+  rate's, not the batch's."""
   scanned = by_rate(curves_by_batch)
   m0, target = gain_target(scanned, gain)
   firsts = [c[0][1] for rs in scanned.values() for cs in rs.values() for c in cs if c]
-  spread = float(max(firsts) - min(firsts))
+  spread = float(max(firsts) - min(firsts)) if spread is None else spread
   cross = lambda c: fits.first_crossing([x for x, _ in c], [y for _, y in c], target)  # noqa: E731
   e_all = {b: {lr: [cross(c) for c in cs] for lr, cs in rs.items()} for b, rs in scanned.items()}
   finals = {b: {lr: [c[-1][1] for c in cs] for lr, cs in rs.items()} for b, rs in scanned.items()}
@@ -222,6 +226,32 @@ def branch_dirs(probe_dir: str) -> list[str]:
   return runs_lib.expand([os.path.join(probe_dir, d) for d in steps
                           if os.path.exists(os.path.join(probe_dir, d, "sweep.json"))])
 
+def branch_metric(probe_dir: str) -> str:
+  """The metric the probe's branches were scored on (their target.metric: launch/cbs_probe.py's
+  --metric), METRIC when no branch says."""
+  for path in branch_dirs(probe_dir):
+    metric = runs_lib.load(path).config.get("target", {}).get("metric")
+    if metric:
+      return metric
+  return METRIC
+
+
+def start_spread(probe_dir: str, metric: str) -> dict[int, float]:
+  """{branch step: the largest difference between the first evaluations of branches of one
+  seed}. A sampled metric's first evaluation differs between seeds (each seed draws its own
+  responses) and agrees within one (the same weights and evaluation key at every batch and
+  rate): branches of different checkpoints still show."""
+  firsts: dict[int, dict[int, list[float]]] = {}
+  for path in branch_dirs(probe_dir):
+    run = runs_lib.load(path)
+    curve = run.curve(metric)
+    if curve:
+      firsts.setdefault(int(run.config["init"]["branch_step"]), {}).setdefault(
+          int(run.config.get("seed", 0)), []).append(curve[0][1])
+  return {step: max(max(v) - min(v) for v in by_seed.values())
+          for step, by_seed in firsts.items()}
+
+
 def load(probe_dir: str, metric: str = METRIC) -> dict[int, dict[int, dict[float, list]]]:
   """{branch step: {B: {effective learning rate: [curve per finished seed]}}} of the probe's
   finished branches; a curve is [(responses generated since the branch, value)] with the
@@ -300,10 +330,12 @@ def analyse(probe_dir: str, parent_dir: str, metric: str = METRIC, gain: float =
             min_seeds: int = 3) -> dict[str, Any]:
   """Every branch point's estimate, the parent's B_simple there and the probe's cost."""
   points = {}
+  within_seed = start_spread(probe_dir, metric) if metric in SAMPLED else {}
   for step, curves in sorted(load(probe_dir, metric).items()):
     lrs = single_rates(curves)  # a rate scan: each batch at its best rate, E lr / B constant
-    est = follows_rule(estimate(curves, gain=gain, min_seeds=min_seeds), lrs)
-    others = {g: follows_rule(estimate(curves, gain=g, min_seeds=min_seeds), lrs)
+    kw = dict(min_seeds=min_seeds, spread=within_seed.get(step))
+    est = follows_rule(estimate(curves, gain=gain, **kw), lrs)
+    others = {g: follows_rule(estimate(curves, gain=g, **kw), lrs)
               for g in SENSITIVITY if g != gain}
     span = [e for e in [est, *others.values()] if e.get("identified")]  # the advisor's interval
     points[step] = dict(est, **parent_noise(parent_dir, step), text=text(est),
@@ -371,14 +403,16 @@ def main(argv=None) -> int:
   ap.add_argument("probe_dir", help="the probe's directory (step_<S>/ sweeps inside)")
   ap.add_argument("--run", required=True, help="the run the probe branched")
   ap.add_argument("--out", default=None, help="default: <probe_dir>/report")
-  ap.add_argument("--metric", default=METRIC)
+  ap.add_argument("--metric", default=None,
+                  help="the branches' progress (default: the metric they were scored on, their "
+                       f"target.metric; {METRIC} for branches that do not say)")
   ap.add_argument("--gain", type=float, default=0.5,
                   help="fraction of the least median gain over batches to reach")
   a = ap.parse_args(argv)
   if not os.path.isdir(a.probe_dir):
     print(f"error: {a.probe_dir} is not a directory", file=sys.stderr)
     return 2
-  result = analyse(a.probe_dir, a.run, a.metric, a.gain)
+  result = analyse(a.probe_dir, a.run, a.metric or branch_metric(a.probe_dir), a.gain)
   if not result["points"]:
     print(f"error: no finished branch under {a.probe_dir}", file=sys.stderr)
     return 2

@@ -4,8 +4,9 @@ From the checkpoint of step S of a run (`init.branch_from`, `init.branch_step`),
 batch B (P = B / G prompts of the run's G responses), rate and seed, each a sweep point of
 `configs/branch.py:RUN_DIR` (the run's own config) in `<probe dir>/step_<S>/`: resumable,
 listed in that directory's sweep.json, run by the local, Slurm or XManager launcher. Every
-branch generates the same `responses` and scores the held-out set's reference responses
-(eval.reference) at `evals` marks: analysis/probe.py reads the critical batch from them.
+branch generates the same `responses` and scores the held-out set at `evals` marks, by its
+reference responses' likelihood (eval.reference) or by a study's accuracy (`metric`, METRICS):
+analysis/probe.py reads the critical batch from them.
 
 - Rates: each batch runs `rates` learning rates a factor sqrt(2) apart, centred on the rate
   the rule under test gives it (`optim.lr_scaling`, anchored at the run's batch and rate unless
@@ -42,6 +43,15 @@ RATE_STEP = math.sqrt(2)  # between the rates a batch scans
 # moment memory 1 / (1 - beta1): with a fresh state, its start-up; with the parent's, enough
 # steps that the parent's momentum has decayed to 0.9^30 = 4%.
 MEMORIES = {"fresh": 1, "parent": 3}
+# The held-out metric a branch's progress is read from, and the evaluation that scores it: the
+# reference responses' likelihood (smooth: few evaluations resolve a small gain), or a study's
+# accuracies (eval/accuracy_sampled: the policy's expected reward, the CPU study's metric), so
+# that a probe and a study can be compared on one metric.
+METRICS = {
+    "eval/reference_prob": {"eval.reference": True, "eval.greedy": False, "eval.sampled": False},
+    "eval/accuracy_sampled": {"eval.reference": False, "eval.greedy": False, "eval.sampled": True},
+    "eval/accuracy_greedy": {"eval.reference": False, "eval.greedy": True, "eval.sampled": False},
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +70,7 @@ class Probe:
   lr: float = 0.0
   reference_batch: int = 0
   probe_dir: str = ""  # default <run_dir>/probe
+  metric: str = "eval/reference_prob"  # a branch's progress (METRICS)
 
   @property
   def dir(self) -> str:
@@ -126,6 +137,8 @@ def check(p: Probe) -> dict:
   if p.lr < 0 or p.reference_batch < 0 or (p.lr > 0) != (p.reference_batch > 0):
     errors.append(f"--lr={p.lr:g} --reference_batch={p.reference_batch}: give both (the rule's "
                   "anchor) or neither (the run's own)")
+  if p.metric not in METRICS:
+    errors.append(f"--metric={p.metric!r}: one of {', '.join(METRICS)}")
   if p.lr_scaling not in RULES:
     errors.append(f"--lr_scaling={p.lr_scaling!r}: one of {', '.join(RULES)}")
   if errors:
@@ -189,8 +202,8 @@ def overrides(p: Probe, cfg: dict, step: int) -> list[dict]:
           "train.total_responses": n,
           "train.eval_every": 0, "train.eval_every_responses": every,
           "train.checkpoint_every": save_every, "train.keep_period": 0,
-          "eval.reference": True, "eval.greedy": False, "eval.sampled": False,
-          "target.metric": "eval/reference_prob", "target.value": 1.0, "target.stop": False,
+          **METRICS[p.metric],
+          "target.metric": p.metric, "target.value": 1.0, "target.stop": False,
           "noise.enabled": False,
         })
   return out

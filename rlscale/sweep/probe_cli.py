@@ -53,6 +53,11 @@ def define_flags() -> None:
                             "(0: the run's rate at its own batch)"),
       reference_batch=flags.DEFINE_integer("reference_batch", 0, "the rule's anchor batch, in "
                                            "responses per optimizer step (0: the run's)"),
+      metric=flags.DEFINE_enum("metric", "eval/reference_prob",
+                               ["eval/reference_prob", "eval/accuracy_sampled",
+                                "eval/accuracy_greedy"],
+                               "a branch's progress: the reference responses' likelihood, or "
+                               "a study's accuracy (the CPU study's: eval/accuracy_sampled)"),
       gain=flags.DEFINE_float("gain", 0.5, "the report's gain to reach: this fraction of the "
                               "least median gain over the batches"),
       workdir=flags.DEFINE_string("workdir", None, "the probe's directory (default: "
@@ -85,7 +90,7 @@ def run(argv) -> int:
                   responses=v["responses"], evals=v["evals"], rates=v["rates"],
                   optimizer=v["optimizer"], lr_scaling=v["lr_scaling"],
                   lr=v["lr"], reference_batch=v["reference_batch"],
-                  probe_dir=v["workdir"] or "")
+                  probe_dir=v["workdir"] or "", metric=v["metric"])
   command = shlex.split(v["run_command"]) if v["run_command"] else None
   rc, lines = probe.run(p, v["launcher"], v["parallel"], command, v["dry_run"])
   for line in lines:
@@ -93,7 +98,7 @@ def run(argv) -> int:
   if v["dry_run"] or rc == EXIT_REQUEUE or not v["report"]:
     return rc
   report = subprocess.run([sys.executable, "-m", "analysis.probe", p.dir, f"--run={p.run_dir}",
-                           f"--gain={v['gain']}", f"--out={os.path.join(p.dir, 'report')}"])
+                           f"--gain={v['gain']}", f"--metric={p.metric}", f"--out={os.path.join(p.dir, 'report')}"])
   logging.info("report: %s (exit %d)", os.path.join(p.dir, "report"), report.returncode)
   return rc or (1 if report.returncode else 0)
 

@@ -136,3 +136,35 @@ def test_the_committed_probe_at_step_20_follows_the_sqrt_rule():
   rule = probe.rate_rule(e, SQRT)
   assert [round(v * 1e4, 2) for v in rule["e_lr_over_b"]] == [2.03, 1.85, 1.76, 1.83]
   assert rule["constant"] and point["identified"]  # the committed report read a B_crit there
+
+
+def test_a_sampled_metric_starts_alike_within_a_seed_not_across_seeds():
+  """A sampled accuracy's first evaluation differs between seeds (each draws its responses):
+  the one-checkpoint check then compares branches of one seed, which still refuses a mix-up."""
+  starts = [0.30, 0.33, 0.31, 0.29, 0.32]  # seed s starts at starts[s] at every batch
+  curves = branches(48.0, starts=starts)
+  assert not probe.estimate(curves, reps=100)["identified"]  # the deterministic metric's check
+  est = probe.estimate(curves, reps=300, spread=0.0)
+  assert est["identified"], est["reasons"]
+  assert est["b_crit"] == pytest.approx(48.0, rel=0.25)
+  mixed = probe.estimate(curves, reps=100, spread=0.02)
+  assert any("did not all start" in r for r in mixed["reasons"])
+
+
+def test_start_spread_compares_the_branches_of_one_seed(tmp_path, monkeypatch):
+  import json
+  dirs = []
+  for b, seed, first in [(8, 0, 0.30), (16, 0, 0.30), (8, 1, 0.34), (16, 1, 0.36)]:
+    d = tmp_path / f"b{b}s{seed}"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "kind": "grpo", "seed": seed, "init": {"branch_step": 20},
+        "rl": {"num_prompts": b // 8, "group_size": 8},
+        "target": {"metric": "eval/accuracy_sampled"}}))
+    rows = [{"step": 0, "responses_seen": 0, "eval/accuracy_sampled": first},
+            {"step": 1, "responses_seen": b, "eval/accuracy_sampled": first + 0.1}]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dirs.append(str(d))
+  monkeypatch.setattr(probe, "branch_dirs", lambda _: dirs)
+  assert probe.branch_metric("x") == "eval/accuracy_sampled"
+  assert probe.start_spread("x", "eval/accuracy_sampled") == {20: pytest.approx(0.02)}

@@ -44,6 +44,7 @@ def _probe(run, **kw):
     (dict(evals=1), "--evals=1"),
     (dict(lr=1e-4), "give both"),
     (dict(lr_scaling="cubic"), "--lr_scaling='cubic'"),
+    (dict(metric="eval/accuracy"), "--metric='eval/accuracy': one of eval/reference_prob, "),
 ])
 def test_refuses_what_cannot_be_probed(tmp_path, kw, expect):
   with pytest.raises(ConfigError, match=None) as e:
@@ -97,6 +98,19 @@ def test_each_batch_scans_rates_a_factor_sqrt2_apart_centred_on_the_rule(tmp_pat
   assert {o["init.branch_optimizer"] for o in pts} == {"parent"}
   assert {o["train.total_responses"] for o in pts} == {2 * 30 * 64}  # 2 x 3 / (1 - beta1)
   assert probe.rate_factors(1) == [1.0] and probe.rate_factors(3)[1] == 1.0
+
+
+def test_a_branch_is_scored_on_the_metric_asked_for(tmp_path):
+  """The study's metric (eval/accuracy_sampled) turns the reference scoring off and the sampled
+  accuracy on, and is the branch's target metric (what analysis/probe.py reads)."""
+  run = _run_dir(tmp_path)
+  for metric, on in [("eval/reference_prob", "eval.reference"),
+                     ("eval/accuracy_sampled", "eval.sampled"),
+                     ("eval/accuracy_greedy", "eval.greedy")]:
+    p = _probe(run, seeds=(0, 1, 2), rates=1, metric=metric)
+    for o in probe.overrides(p, probe.check(p), 4):
+      assert o["target.metric"] == metric and o["target.stop"] is False
+      assert [k for k in ("eval.reference", "eval.sampled", "eval.greedy") if o[k]] == [on]
 
 
 def test_the_branches_are_points_of_the_runs_own_config(tmp_path, tiny_sft_base):
