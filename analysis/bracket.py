@@ -18,7 +18,7 @@ bracket says nothing its intervals do not: a batch whose ratio interval straddle
 tolerance is neither.
 
 `resampled` recomputes the bracket on seed resamples (each configuration's seeds drawn with
-replacement, its intervals from the log-normal approximation of rlscale/sweep/power.py), and
+replacement, its intervals from the log-normal approximation of rlscale/study/power.py), and
 the report prints how often each answer comes back. `false_break_rate` simulates the whole
 procedure on batches that are all truly invariant, at the study's seed counts and spread.
 """
@@ -32,7 +32,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from rlscale.sweep import power
+from rlscale.study import power
 
 Z95 = NormalDist().inv_cdf(0.95)
 # The curve test's level inside the bracket: a falsely rejected largest batch alone makes a Y,
@@ -108,7 +108,7 @@ def log_bounds(values: np.ndarray, ref: np.ndarray, shift: float = 0.0,
   half of whose seeds never reached the target is censored: its median is beyond its budget,
   and the bound on that side is unbounded. `shift` is subtracted from the log ratio and
   `extra_var` added to its variance: a correction of each side to its best rate and the
-  correction's own uncertainty (rlscale/sweep/lr_fit.py)."""
+  correction's own uncertainty (rlscale/study/lr_fit.py)."""
   a, r = np.asarray(values, float), np.asarray(ref, float)
   if np.median(r) == np.inf:
     return 0.0, math.inf

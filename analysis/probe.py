@@ -84,9 +84,9 @@ def gain_target(curves_by_batch: dict, gain: float) -> tuple[float, float]:
 def choose_rates(e: dict[int, dict[float, list]], finals: dict[int, dict[float, list]]
                  ) -> tuple[dict[int, float], list[int]]:
   """({B: its rate}, [B whose rate is at an edge of its scan]): per batch the study's rule
-  (rlscale/sweep/study.choose: the median over seeds, the rate nearest the minimum of a
+  (rlscale/study/study.choose: the median over seeds, the rate nearest the minimum of a
   parabola in log rate, else the fewest median responses); a batch of one rate keeps it."""
-  from rlscale.sweep import study
+  from rlscale.study import study
   chosen, edge = {}, []
   for b, rates in e.items():
     if len(rates) == 1:
@@ -257,7 +257,7 @@ def load(probe_dir: str, metric: str = METRIC) -> dict[int, dict[int, dict[float
   finished branches; a curve is [(responses generated since the branch, value)] with the
   branch point first."""
   from rlscale.rl import optim
-  from rlscale.sweep.probe import round_rate
+  from rlscale.study.probe import round_rate
   out: dict[int, dict[int, dict[float, list]]] = {}
   for path in branch_dirs(probe_dir):
     run = runs_lib.load(path)

@@ -35,7 +35,7 @@ class Series:
   filtered: bool = False  # dynamic sampling on (the name ends in " filtered")
   chosen: bool = False  # the chosen-lr series (a rate chosen per B), whatever its name
   # B -> (log E(B, chosen) - log E(B, optimum), minus the reference's; the variance of that
-  # difference): the joint fit's reading at the fitted optimum (rlscale/sweep/lr_fit.py).
+  # difference): the joint fit's reading at the fitted optimum (rlscale/study/lr_fit.py).
   shift: dict = dataclasses.field(default_factory=dict)
 
   def rows(self, table: pd.DataFrame) -> pd.DataFrame:

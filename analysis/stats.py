@@ -228,7 +228,7 @@ def ratio_interval(values, ref_values, level: float = LEVEL, reps: int = 2000,
   and each side's share of censored runs (`ratio_coverage`). The medians are Kaplan-Meier
   medians when runs were censored (inf values, with `budget` / `ref_budget`). `log_shift`
   (mean, variance): the ratio divided by exp of a correction so distributed (the joint rate
-  fit's reading at the optimum, rlscale/sweep/lr_fit.py), in the point and in every
+  fit's reading at the optimum, rlscale/study/lr_fit.py), in the point and in every
   resample."""
   x, cx = _censored(values, budget)
   r, cr = _censored(ref_values, ref_budget)

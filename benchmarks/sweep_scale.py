@@ -165,7 +165,8 @@ def status_child(config: str, workdir: str, pending: int) -> None:
   """In a process of the tree's code: the local launcher runs `pending` points, the others
   done; prints {"changes", "bytes", "seconds"}."""
   from absl import logging
-  from rlscale.sweep import local, points
+  from rlscale.sweep.launchers import local
+  from rlscale.sweep import points
   from rlscale.sweep import manifest as mf
   logging.set_verbosity(logging.WARNING)
   pts = points.points(config, "scale", workdir)

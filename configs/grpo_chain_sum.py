@@ -48,7 +48,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.optim.reference_batch = 256  # lr was tuned at 256 responses per optimizer step (P=32, G=8)
   c.noise = common.noise_scale()
   # 70% of the way from the base (0.116) to the plateau (~0.60), where the curve is still
-  # steep; the CPU study sets its own target the same way from its runs (rlscale/sweep/study.py).
+  # steep; the CPU study sets its own target the same way from its runs (rlscale/study/study.py).
   c.target = common.target("eval/accuracy_greedy", 0.45)
 
   c.train = common.run(num_steps=40)  # 10,240 responses at P=32, G=8 (~1 min of steps)

@@ -2,10 +2,10 @@
 
     python launch/study.py --study=configs/studies/cpu.py --workdir=runs/study [--parallel=2]
 
-The stages are declared in the study file; the runner is rlscale/sweep/study.py.
+The stages are declared in the study file; the runner is rlscale/study/study.py.
 """
 
-from rlscale.sweep import study_cli
+from rlscale.study import cli as study_cli
 
 if __name__ == "__main__":
   study_cli.main()

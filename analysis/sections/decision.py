@@ -23,7 +23,7 @@ from analysis import study_table as st
 from analysis.report_md import iv, num
 from analysis.sections.common import ratio, reference_config, study_series
 from analysis.sections.types import Figure, Section
-from rlscale.sweep import power
+from rlscale.study import power
 
 
 MIN_VERDICT_SEEDS = 10  # per batch: what a ratio of 1.5 needs to settle at the study's spread

@@ -61,7 +61,7 @@ def _band(study: st.Study) -> float:
 
 
 def eligible(scan: pd.DataFrame, band: float) -> pd.Series:
-  """The rule the study runner chooses by (rlscale/sweep/study.py): a rate is stable when its
+  """The rule the study runner chooses by (rlscale/study/study.py): a rate is stable when its
   median final value is within `band` of the best rate's at that B and none of its seeds fell
   more than `band` below the target after reaching it."""
   best = scan.groupby("B").final_med.transform("max")
@@ -69,7 +69,7 @@ def eligible(scan: pd.DataFrame, band: float) -> pd.Series:
 
 
 # How lr_optima chooses where the study recorded no choice: the runner's rule
-# (rlscale/sweep/study.py's choose).
+# (rlscale/study/study.py's choose).
 REPORT_RULE = ("fewest median responses to target over the scan's seeds among the stable rates, "
                "then the faster slowest seed")
 
@@ -119,7 +119,7 @@ def lr_exponent(study: st.Study, scan: pd.DataFrame) -> dict:
 
 
 def _joint_text(kind: str, joint: dict) -> str:
-  """What the joint fit of E(B, lr) (rlscale/sweep/lr_fit.py) chose, or why it did not."""
+  """What the joint fit of E(B, lr) (rlscale/study/lr_fit.py) chose, or why it did not."""
   if not joint.get("identified"):
     return (f"{kind}: the joint fit of E(B, lr) is not identified ({joint.get('why')}): each "
             "batch's rate was chosen on its own scan, and its runner-up ran beside it.")

@@ -4,7 +4,7 @@
         --parallel=2
     python launch/study.py --study=configs/studies/chain_sum_cpu.py:tiny ...   # the tests' shape
 
-Stages (rlscale/sweep/study.py), in order:
+Stages (rlscale/study/study.py), in order:
   target     GRPO at the reference batch (P = 2, B0 = 16) and the starting rate 1e-4, the 3
              scan seeds, 8,192 responses: the study's target is 80% of the way from the base
              to their median final value (~0.51), fixed before any rate is scanned (at 75%,
@@ -13,7 +13,7 @@ Stages (rlscale/sweep/study.py), in order:
              apart centred on 2e-4 (B/16)^(1/4), bracketing both a fixed rate and the sqrt
              rule (grpo_chain_sum.lr_grid),
              3 seeds; chooses every P at once by the joint fit of E(B, lr)
-             (rlscale/sweep/lr_fit.py), extending a scan whose choice is at its edge;
+             (rlscale/study/lr_fit.py), extending a scan whose choice is at its edge;
   grpo       every P at its chosen rate on 10 fresh seeds, and at the rate its own scan chose
              where that differs (at its runner-up where the joint fit is not identified; the
              power calculation from the scan's seed spread is recorded beside them);
@@ -29,7 +29,7 @@ a group of them re-forming without its stopped lanes); gradient clipping is off.
 analysis/report.py writes <workdir>/report/.
 """
 
-from rlscale.sweep.study import Stage
+from rlscale.study.study import Stage
 
 GRPO = "configs/grpo_chain_sum.py"
 PPO = "configs/ppo_chain_sum.py"

@@ -76,7 +76,7 @@ def wanted(environ=os.environ) -> bool:
 
 # Where a launcher wants each process's exit status (a folder on the run's file system): srun
 # returns the highest task status, so a survivor's 75 beside a SIGKILLed task's 137 is lost
-# unless each task says its own (rlscale/sweep/slurm.py reads them).
+# unless each task says its own (rlscale/sweep/launchers/slurm.py reads them).
 EXIT_DIR_ENV = "RLSCALE_TASK_EXIT_DIR"
 
 

@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import re
 import shlex
-import sys
 
 from absl import flags, logging
 
 from rlscale.run import command_line
 from rlscale.config.errors import ConfigError
 from rlscale.trainer.preemption import EXIT_REQUEUE
+from rlscale.sweep import launchers
 # Their flags; neither imports its cluster's package.
-from rlscale.sweep import slurm, xm  # noqa: F401
+from rlscale.sweep.launchers import slurm, xm  # noqa: F401
 
-LAUNCHERS = ("local", "slurm", "xm")
+LAUNCHERS = launchers.KINDS
 
 _FLAGS: dict = {}  # name -> absl flag holder, defined by main(): rlscale.run.main has --config too
 
@@ -81,24 +81,11 @@ def selected_points(config: str, sweep: str, workdir: str, only: str | None):
   return pts, chosen
 
 
-def command() -> list[str]:
-  text = _FLAGS["run_command"].value
-  return shlex.split(text) if text else [sys.executable, "-m", "rlscale"]
-
-
 def launcher(kind: str, config: str, m, pts, parallel: int):
-  """The launcher object of `kind`: .dry_run() -> text, .run() -> manifest counts."""
-  vectorize = _FLAGS["vectorize"].value
-  if vectorize and kind != "local":
-    raise ConfigError(f"--vectorize={vectorize} runs points side by side with the local "
-                      f"launcher only; with --launcher={kind} each point is its own job")
-  if kind == "local":
-    from rlscale.sweep.local import LocalLauncher
-    return LocalLauncher(config, m, pts, parallel=parallel, command=command(),
-                         vectorize=vectorize, max_lanes=_FLAGS["max_lanes"].value)
-  if kind == "slurm":
-    return slurm.SlurmLauncher(config, m, pts, parallel=parallel, command=command())
-  return xm.XMLauncher(config, m, pts, parallel=parallel, command=command())
+  """The launcher object of `kind` (launchers.make) with this command's flags."""
+  text = _FLAGS["run_command"].value
+  return launchers.make(kind, config, m, pts, parallel, shlex.split(text) if text else None,
+                        _FLAGS["vectorize"].value, _FLAGS["max_lanes"].value)
 
 
 def run(argv) -> int:

@@ -3,7 +3,7 @@ requeue.
 
 Schedulers send a signal some seconds before they kill a job: SIGTERM (Slurm's grace period on
 preemption, TPU VM maintenance, Kubernetes) or the one Slurm's `--signal` names (SIGUSR2 in the
-scripts of rlscale/sweep/slurm.py, sent before the time limit). The handler only sets a flag;
+scripts of rlscale/sweep/launchers/slurm.py, sent before the time limit). The handler only sets a flag;
 the loop checks it between steps, finishes the step in flight, saves a checkpoint of it and
 exits with EXIT_REQUEUE, so at most the step in flight is lost. A second signal stops at once
 (the run still completes the saves it began).

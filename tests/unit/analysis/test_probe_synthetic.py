@@ -1,7 +1,7 @@
 """The critical-batch probe whole, on a problem whose critical batch is known.
 
 A noisy quadratic trained by Adam (tests/support/noisy_quadratic.py): a parent run, then the
-probe's own design (rlscale/sweep/probe.py: its batches, its rate scan centred on the sqrt
+probe's own design (rlscale/study/probe.py: its batches, its rate scan centred on the sqrt
 rule, its branch length and evaluation spacing, a fresh optimizer state) run as branches of
 the parent, then its own estimator (analysis/probe.estimate: the gain to reach, E per seed,
 each batch's best rate, the fit). The known answer is measured by brute force for the same
@@ -18,7 +18,7 @@ import pytest
 from analysis import fits
 from analysis import probe as probe_analysis
 from rlscale.rl import optim
-from rlscale.sweep import probe
+from rlscale.study import probe
 from tests.support import noisy_quadratic as nq
 
 BATCHES, STEP, G = (8, 16, 32, 64), 20, 8

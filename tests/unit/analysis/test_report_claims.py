@@ -315,7 +315,7 @@ def test_the_runner_rule_picks_the_fewest_median_responses():
 
 @pytest.mark.parametrize("variance", [0.0, 0.02])
 def test_a_joint_rate_fit_reads_the_chosen_series_at_the_fitted_optimum(tmp_path, variance):
-  """study.json's choice by the joint fit of E(B, lr) (rlscale/sweep/study.joint_choice): the
+  """study.json's choice by the joint fit of E(B, lr) (rlscale/study/study.joint_choice): the
   chosen series' ratio is divided by exp(correction at B - at B0), the correction's variance
   widens its interval, the series says so, and no runner-up series is made."""
   from analysis.sections import decision

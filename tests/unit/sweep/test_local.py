@@ -14,7 +14,8 @@ import pytest
 from tests.support import REPO
 from rlscale.config.errors import ConfigError
 from rlscale.sweep import axes as sw
-from rlscale.sweep import local, points
+from rlscale.sweep.launchers import local
+from rlscale.sweep import points
 from rlscale.sweep import manifest as mf
 from tests.support.sweep_helpers import FAKE_CONFIG, fake_run_flag, manifest, starts, sweep_cli
 

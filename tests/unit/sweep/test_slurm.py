@@ -15,7 +15,8 @@ import pytest
 from tests.support import REPO, FIXTURES, FAKE_SLURM
 from rlscale.config.errors import ConfigError
 from rlscale.sweep import manifest as mf
-from rlscale.sweep import points, slurm, slurm_config, slurm_queue, slurm_settings
+from rlscale.sweep import points
+from rlscale.sweep.launchers import slurm, slurm_config, slurm_queue, slurm_settings
 from tests.support.sweep_helpers import FAKE_CONFIG, FAKE_RUN, starts, statuses, sweep_cli
 
 FAKES = FAKE_SLURM

@@ -20,7 +20,7 @@ import pytest
 
 from tests.support import REPO
 from rlscale.sweep import manifest as mf
-from rlscale.sweep import slurm_queue
+from rlscale.sweep.launchers import slurm_queue
 from tests.support.sweep_helpers import FAKE_CONFIG
 
 _spec = importlib.util.spec_from_file_location(

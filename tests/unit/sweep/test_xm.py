@@ -17,7 +17,7 @@ from xmanager import xm, xm_mock  # noqa: E402
 from rlscale.config.errors import ConfigError  # noqa: E402
 from rlscale.sweep import manifest as mf  # noqa: E402
 from rlscale.sweep import points  # noqa: E402
-from rlscale.sweep import xm as xm_launcher  # noqa: E402
+from rlscale.sweep.launchers import xm as xm_launcher  # noqa: E402
 
 from tests.support.sweep_helpers import FAKE_CONFIG, fake_run_flag, manifest, starts, sweep_cli  # noqa: E402
 

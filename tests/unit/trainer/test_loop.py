@@ -391,7 +391,7 @@ def test_preemption_saves_the_step_in_flight_and_asks_to_be_requeued(tmp_path):
 
 @pytest.mark.parametrize("name", ["SIGTERM", "SIGUSR2"])
 def test_preemption_signals(name):
-  """Slurm sends SIGUSR2 before the time limit (rlscale/sweep/slurm.py), SIGTERM on preemption."""
+  """Slurm sends SIGUSR2 before the time limit (rlscale/sweep/launchers/slurm.py), SIGTERM on preemption."""
   import os
   import signal
 

@@ -11,16 +11,13 @@ launch/sweep.py: 0 done, 1 some point failed, 75 stopped, 2 bad input.
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
-import subprocess
-import sys
 import time
 
 from absl import flags, logging
 
-from rlscale.run import command_line
 from rlscale.config.errors import ConfigError
+from rlscale.study import cli_kit
 from rlscale.trainer.preemption import EXIT_REQUEUE
 
 _FLAGS: dict = {}
@@ -33,33 +30,24 @@ def define_flags() -> None:
       study=flags.DEFINE_string("study", None, "study file[:arg] declaring stages()"),
       workdir=flags.DEFINE_string("workdir", None, "the study's directory (default: "
                                   "runs/study-<file name>); a sweep directory per stage"),
-      parallel=flags.DEFINE_integer("parallel", 1, "points running at once, each on its own "
-                                    "devices (CPU cores, GPUs)"),
       vectorize=flags.DEFINE_enum("vectorize", None, ["", "seed", "lanes"], "points side by "
                                   "side in one process (launch/sweep.py --vectorize); default: "
                                   "each stage's own choice"),
       max_lanes=flags.DEFINE_integer("max_lanes", 10, "points per process at most"),
-      report=flags.DEFINE_bool("report", True, "write the report at the end "
-                               "(analysis/report.py)"),
       report_dir=flags.DEFINE_string("report_dir", None, "where the report goes (default: "
                                      "<workdir>/report), e.g. docs/study; study.json is "
                                      "copied beside it"),
-      dry_run=flags.DEFINE_bool("dry_run", False, "list the stages and their points; run "
-                                "nothing"),
-      run_command=flags.DEFINE_string("run_command", None, "what runs one point, before its "
-                                      "flags (default: this Python's `-m rlscale`)"),
-      verbose=flags.DEFINE_bool("verbose", False, "on bad input, show the traceback too"))
+      **cli_kit.launch_flags("points"))
 
 
 def report_script() -> str | None:
   """analysis/report.py of the checkout this package runs from (None when installed)."""
-  here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  path = os.path.join(here, "analysis", "report.py")
-  return path if os.path.exists(path) else None
+  return cli_kit.checkout_script("analysis", "report.py")
 
 
 def dry_run(runner) -> str:
-  from rlscale.sweep import points, study
+  from rlscale.sweep import points
+  from rlscale.study import study
   lines = []
   for s in runner.stages:
     needs = list(study._placeholders(s.config))
@@ -84,17 +72,17 @@ def dry_run(runner) -> str:
 
 def run(argv) -> int:
   del argv
-  from rlscale.sweep import study
-  from rlscale.sweep.study import StudyRunner
-  v = {k: holder.value for k, holder in _FLAGS.items()}
+  from rlscale.study import study
+  from rlscale.study.study import StudyRunner
+  v = cli_kit.values(_FLAGS)
   if not v["study"]:
     raise ConfigError("--study is required, e.g. --study=configs/studies/cpu.py")
   if v["parallel"] < 1:
     raise ConfigError(f"--parallel={v['parallel']} must be a positive integer")
   name = os.path.splitext(os.path.basename(v["study"].partition(":")[0]))[0]
   workdir = v["workdir"] or f"runs/study-{name}"
-  command = shlex.split(v["run_command"]) if v["run_command"] else None
-  runner = StudyRunner(v["study"], workdir, parallel=v["parallel"], command=command,
+  runner = StudyRunner(v["study"], workdir, parallel=v["parallel"],
+                       command=cli_kit.run_command(v["run_command"]),
                        vectorize=v["vectorize"], max_lanes=v["max_lanes"])
   if v["dry_run"]:
     print(dry_run(runner))
@@ -112,18 +100,15 @@ def run(argv) -> int:
     logging.warning("no analysis/report.py beside this package: run it from a checkout on %s",
                     workdir)
     return rc
-  t1 = time.time()
   out = v["report_dir"] or os.path.join(workdir, "report")
-  report = subprocess.run([sys.executable, script, workdir, "--out", out])
-  if v["report_dir"] and report.returncode == 0:
+  report = cli_kit.write_report([script, workdir, "--out", out], out)
+  if v["report_dir"] and report == 0:
     shutil.copy(os.path.join(workdir, study.FILE), os.path.join(out, study.FILE))
-  logging.info("report: %s in %.1f s (exit %d)", out, time.time() - t1, report.returncode)
-  return rc or (1 if report.returncode else 0)
+  return rc or (1 if report else 0)
 
 
 def main() -> None:
-  define_flags()
-  command_line.run_app(run)
+  cli_kit.main(define_flags, run)
 
 
 if __name__ == "__main__":

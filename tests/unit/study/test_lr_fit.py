@@ -1,12 +1,12 @@
-"""The joint fit of E(B, lr) (rlscale/sweep/lr_fit.py) on synthetic scans of known answer."""
+"""The joint fit of E(B, lr) (rlscale/study/lr_fit.py) on synthetic scans of known answer."""
 
 import math
 
 import numpy as np
 import pytest
 
-from rlscale.sweep import lr_fit
-from rlscale.sweep import study
+from rlscale.study import lr_fit
+from rlscale.study import study
 
 SIGMA = 0.28  # the CPU study's measured seed-to-seed spread of log responses to target
 BATCHES = (8, 16, 32, 64, 128, 256)

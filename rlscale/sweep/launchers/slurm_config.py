@@ -4,7 +4,7 @@
     python launch/sweep.py ... --launcher=slurm --slurm=mysite.py --slurm.nodes=2
 
 A site file (`--slurm=mysite.py`) is a copy of this one with the cluster's partition, account
-and setup filled in; single fields override it from the command line. rlscale/sweep/slurm.py
+and setup filled in; single fields override it from the command line. rlscale/sweep/launchers/slurm.py
 checks every field before anything is submitted.
 
 Processes: `tasks_per_node=1` starts one process per node that drives all of its GPUs;

@@ -10,7 +10,7 @@ optimum, log E is a parabola in x = log lr of one curvature, whose vertex moves 
 
 one intercept per batch and three shared numbers, fitted by least squares to the log medians of
 every (B, lr) whose median reached the target and whose rate is eligible (the study's band rule:
-rlscale/sweep/study.choose). The rate of a batch is the scan's rate nearest its vertex.
+rlscale/study/study.choose). The rate of a batch is the scan's rate nearest its vertex.
 
 The verdict then runs that rate alone, and reads E at the optimum as
 
@@ -22,7 +22,7 @@ ratio E*(B) / E*(B0) carries the spread of the difference of two corrections, wh
 fit. The fit is *not identified* (None, with the reason) when it has no positive curvature, too
 few points for its parameters plus 2, or residuals beyond what the seeds' spread explains
 (`lack_of_fit`); the study then chooses batch by batch and runs the runner-up beside the choice.
-tests/unit/sweep/test_lr_fit.py: on synthetic surfaces at the study's shape (5 rates, 3 seeds,
+tests/unit/study/test_lr_fit.py: on synthetic surfaces at the study's shape (5 rates, 3 seeds,
 seed spread 0.28, optimum off the grid), the fit picks the rate nearest the true optimum more
 often than the batch-by-batch rule, and the corrected ratio's one-sided 95% bounds cover the
 true ratio at the optimum.
@@ -35,7 +35,7 @@ import math
 
 import numpy as np
 
-from rlscale.sweep import power
+from rlscale.study import power
 
 # Residuals of the log medians beyond this multiple of what the seed spread explains: the
 # parabola with one curvature and a power-law vertex does not describe the scan.

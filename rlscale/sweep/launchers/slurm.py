@@ -48,8 +48,8 @@ from rlscale.run import supervise
 from rlscale.trainer.preemption import EXIT_REQUEUE
 from rlscale.sweep import manifest as mf
 from rlscale.sweep.points import Point
-from rlscale.sweep.slurm_queue import QUEUED, JobState, array_spec, job_states, max_array_size
-from rlscale.sweep.slurm_settings import check, current_settings
+from rlscale.sweep.launchers.slurm_queue import QUEUED, JobState, array_spec, job_states, max_array_size
+from rlscale.sweep.launchers.slurm_settings import check, current_settings
 
 # After the first process of a point ends, the others get this long to end too (finish a save)
 # before srun stops them: a process left alone in a collective would hold the nodes until the
@@ -169,7 +169,7 @@ class SlurmLauncher:
     out = os.path.join(os.path.abspath(self.dir), f"{name}-%A_%a.out")
     lines = ["#!/bin/bash",
              f"# Sweep {self.m.sweep} of {self.config}: {_points(len(entries))} as one job array",
-             "# (rlscale/sweep/slurm.py). Task i runs point i below with srun, its output in",
+             "# (rlscale/sweep/launchers/slurm.py). Task i runs point i below with srun, its output in",
              *([f"# (point i is point {offset} + i of the sweep: task ids stay below the "
                 "cluster's MaxArraySize.)"] if offset else []),
              "# <run dir>/launch.log. A run that exits 75 (SIGUSR2 before the time limit, or",
@@ -200,7 +200,7 @@ class SlurmLauncher:
     log = os.path.abspath(self._base_log(key))
     lines = ["#!/bin/bash",
              f"# The base policy of sweep {self.m.sweep} of {self.config}, built once before",
-             "# its points, whose job array waits for this job (rlscale/sweep/slurm.py):",
+             "# its points, whose job array waits for this job (rlscale/sweep/launchers/slurm.py):",
              f"# {key}",
              *self._directives("-base", log, 1, 1, s.cpus_per_task * s.tasks_per_node), "",
              f"argv=({shlex.join(self._argv(p) + ['--base_policy_only'])})",

@@ -1,10 +1,10 @@
-"""rlscale/sweep/power.py: the seeds a verdict needs, against simulated bootstrap verdicts."""
+"""rlscale/study/power.py: the seeds a verdict needs, against simulated bootstrap verdicts."""
 
 import numpy as np
 import pytest
 
 from analysis import stats
-from rlscale.sweep import power
+from rlscale.study import power
 
 
 def test_seeds_needed_inverts_the_power():

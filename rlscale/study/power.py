@@ -13,7 +13,7 @@ The median of n normal values has variance (pi/2) sigma^2 / n (its asymptotic ef
 se = sigma sqrt(pi/2 (1/n + 1/m)), and a true ratio r settles as broken with probability
 Phi((log r - log(1 + tol)) / se - z_0.95), as invariant with Phi((log(1 + tol) - log r) / se -
 z_0.95). `seeds_needed` inverts the first for equal n = m. The normal approximation is checked
-against simulated bootstrap verdicts in tests/unit/sweep/test_power.py.
+against simulated bootstrap verdicts in tests/unit/study/test_power.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The critical-batch probe's branches (rlscale/sweep/probe.py): what it refuses and what each
+"""The critical-batch probe's branches (rlscale/study/probe.py): what it refuses and what each
 branch is told."""
 
 import json
@@ -8,7 +8,7 @@ import os
 import pytest
 
 from rlscale.config.errors import ConfigError
-from rlscale.sweep import probe
+from rlscale.study import probe
 from tests.support import REPO
 
 

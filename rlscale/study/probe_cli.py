@@ -1,4 +1,4 @@
-"""`launch/cbs_probe.py`: branch a run at some of its steps (rlscale/sweep/probe.py), then
+"""`launch/cbs_probe.py`: branch a run at some of its steps (rlscale/study/probe.py), then
 write the probe's report (analysis/probe.py) in `<probe dir>/report/`.
 
     python launch/cbs_probe.py RUN_DIR --at=10,20,30 --batches=8,16,32,64 --seeds=3
@@ -13,14 +13,11 @@ their checkpoints. Exit status as launch/sweep.py's: 0 done, 1 a branch failed, 
 from __future__ import annotations
 
 import os
-import shlex
-import subprocess
-import sys
 
-from absl import flags, logging
+from absl import flags
 
 from rlscale.config.errors import ConfigError
-from rlscale.run import command_line
+from rlscale.study import cli_kit
 from rlscale.trainer.preemption import EXIT_REQUEUE
 
 _FLAGS: dict = {}
@@ -64,12 +61,7 @@ def define_flags() -> None:
                                   "RUN_DIR/probe)"),
       launcher=flags.DEFINE_enum("launcher", "local", ["local", "slurm", "xm"],
                                  "where the branches run"),
-      parallel=flags.DEFINE_integer("parallel", 1, "branches at once (slurm: 0, no limit)"),
-      dry_run=flags.DEFINE_bool("dry_run", False, "print the branches' commands; run nothing"),
-      report=flags.DEFINE_bool("report", True, "write the report at the end"),
-      run_command=flags.DEFINE_string("run_command", None, "what runs one branch, before its "
-                                      "flags (default: this Python's `-m rlscale`)"),
-      verbose=flags.DEFINE_bool("verbose", False, "on bad input, show the traceback too"))
+      **cli_kit.launch_flags("branches", "; slurm: 0, no limit"))
 
 
 def _ints(name: str, values) -> tuple[int, ...]:
@@ -80,32 +72,32 @@ def _ints(name: str, values) -> tuple[int, ...]:
 
 
 def run(argv) -> int:
-  from rlscale.sweep import probe
+  from rlscale.study import probe
   if len(argv) != 2:
     raise ConfigError("give one run directory: python launch/cbs_probe.py RUN_DIR --at=... "
                       "--batches=...")
-  v = {k: holder.value for k, holder in _FLAGS.items()}
+  v = cli_kit.values(_FLAGS)
   p = probe.Probe(run_dir=argv[1], steps=_ints("at", v["at"]),
                   batches=_ints("batches", v["batches"]), seeds=tuple(range(v["seeds"])),
                   responses=v["responses"], evals=v["evals"], rates=v["rates"],
                   optimizer=v["optimizer"], lr_scaling=v["lr_scaling"],
                   lr=v["lr"], reference_batch=v["reference_batch"],
                   probe_dir=v["workdir"] or "", metric=v["metric"])
-  command = shlex.split(v["run_command"]) if v["run_command"] else None
-  rc, lines = probe.run(p, v["launcher"], v["parallel"], command, v["dry_run"])
+  rc, lines = probe.run(p, v["launcher"], v["parallel"], cli_kit.run_command(v["run_command"]),
+                        v["dry_run"])
   for line in lines:
     print(line)
   if v["dry_run"] or rc == EXIT_REQUEUE or not v["report"]:
     return rc
-  report = subprocess.run([sys.executable, "-m", "analysis.probe", p.dir, f"--run={p.run_dir}",
-                           f"--gain={v['gain']}", f"--metric={p.metric}", f"--out={os.path.join(p.dir, 'report')}"])
-  logging.info("report: %s (exit %d)", os.path.join(p.dir, "report"), report.returncode)
-  return rc or (1 if report.returncode else 0)
+  out = os.path.join(p.dir, "report")
+  report = cli_kit.write_report(["-m", "analysis.probe", p.dir, f"--run={p.run_dir}",
+                                 f"--gain={v['gain']}", f"--metric={p.metric}", f"--out={out}"],
+                                out)
+  return rc or (1 if report else 0)
 
 
 def main() -> None:
-  define_flags()
-  command_line.run_app(run)
+  cli_kit.main(define_flags, run)
 
 
 if __name__ == "__main__":

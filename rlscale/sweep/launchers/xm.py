@@ -42,7 +42,7 @@ from absl import flags, logging
 
 from rlscale.run import workdir_lock
 from rlscale.config.errors import ConfigError
-from rlscale.sweep import local
+from rlscale.sweep.launchers import local
 from rlscale.sweep import manifest as mf
 from rlscale.sweep.points import Point, base_key
 

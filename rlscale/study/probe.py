@@ -221,20 +221,11 @@ def points(p: Probe, cfg: dict, step: int):
                           p.step_dir(step))
 
 
-def launcher(kind: str, config: str, m, pts, parallel: int, command: list[str] | None):
-  if kind == "local":
-    from rlscale.sweep.local import LocalLauncher
-    return LocalLauncher(config, m, pts, parallel=parallel, command=command)
-  from rlscale.sweep import slurm, xm
-  if kind == "slurm":
-    return slurm.SlurmLauncher(config, m, pts, parallel=parallel, command=command)
-  return xm.XMLauncher(config, m, pts, parallel=parallel, command=command)
-
-
 def run(p: Probe, kind: str = "local", parallel: int = 1, command: list[str] | None = None,
         dry_run: bool = False) -> tuple[int, list[str]]:
   """Run (or, dry, list) every step's branches. Returns (exit status as launch/sweep.py's,
   lines to print)."""
+  from rlscale.sweep import launchers
   from rlscale.sweep import manifest as mf
   from rlscale.trainer.preemption import EXIT_REQUEUE
   cfg = check(p)
@@ -247,7 +238,7 @@ def run(p: Probe, kind: str = "local", parallel: int = 1, command: list[str] | N
   for step in p.steps:
     pts = points(p, cfg, step)
     m = mf.open_sweep(p.step_dir(step), f"{SWEEP}_at_{step}", p.config, kind, pts)
-    runner = launcher(kind, p.config, m, pts, parallel, command)
+    runner = launchers.make(kind, p.config, m, pts, parallel, command)
     if dry_run:
       lines.append(runner.dry_run())
       continue

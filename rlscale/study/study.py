@@ -21,7 +21,7 @@ after reaching it. A parabola is fitted to log median against log value over the
 values whose median reached the target, and the value nearest its minimum is chosen: every
 rate's seeds inform the choice, not only the one's own three (on a synthetic surface with the
 study's seed spread it finds the optimum in 99% of draws where the fewest median alone finds it
-in 82-88%, tests/unit/sweep/test_study.py). Without a convex fit whose minimum lies inside the
+in 82-88%, tests/unit/study/test_study.py). Without a convex fit whose minimum lies inside the
 values tried, the value with the fewest median responses is chosen, then the lower slowest
 seed, then the higher final value. The
 runner-up by the same rule is recorded too: "{lr#2}" in a later stage runs it, so that a
@@ -41,7 +41,7 @@ scan finds; "{target}" in a later stage's override value is that number (a run's
 target.value: evaluation in stages and the run's own crossing use it).
 
 A stage whose points set "seed": "{seeds}" runs as many seeds as the power calculation asks
-(rlscale/sweep/power.py): `seeds_from` names the scan stage whose seed spread of log responses
+(rlscale/study/power.py): `seeds_from` names the scan stage whose seed spread of log responses
 to target (pooled over its chosen and runner-up cells) it uses, for a true ratio `power_ratio`
 to settle as broken with 80% probability, at least `min_seeds` and at most `max_seeds` (the
 numbers, and the probabilities the seeds give, are recorded in study.json under "seeds").
@@ -94,7 +94,7 @@ class Stage:
   max_seeds: int = 16
   power_ratio: float = 1.5  # the true ratio that must settle as broken with 80% probability
   tolerance: float = 0.2  # the verdict's: invariant while E(B) / E(B0) <= 1 + tolerance
-  # Choose over every group at once by the joint fit of E(B, lr) (rlscale/sweep/lr_fit.py):
+  # Choose over every group at once by the joint fit of E(B, lr) (rlscale/study/lr_fit.py):
   # the rate nearest each batch's fitted optimum (the report reads it at the fitted optimum, the
   # fit's uncertainty carried), and "{lr#2}" the batch's own choice from its scan alone (the
   # same point where both agree). Where the fit is not identified, the groups choose one by
@@ -214,10 +214,10 @@ def _vertex(table: list[dict[str, Any]], key: str) -> float | None:
 
 def joint_choice(groups: dict[str, list[dict]], tables: dict[str, list[dict]], key: str,
                  reps: int = 500) -> dict[str, Any]:
-  """The choice over every group by the joint fit of E(B, `key`) (rlscale/sweep/lr_fit.py):
+  """The choice over every group by the joint fit of E(B, `key`) (rlscale/study/lr_fit.py):
   identified, why not, the fit, per group its batch, value, fitted optimum and the correction
   a (log value - optimum)^2 with the covariance of the corrections over redrawn scan seeds."""
-  from rlscale.sweep import lr_fit
+  from rlscale.study import lr_fit
   batch = {}
   for group, runs in groups.items():
     sizes = {r.get("batch") for r in runs}
@@ -392,7 +392,7 @@ class StudyRunner:
 
   def verdict_seeds(self, stage: Stage) -> int:
     """Seeds per configuration of a "{seeds}" stage, from its scan's seed spread (recorded)."""
-    from rlscale.sweep import power
+    from rlscale.study import power
     rec = self.record.setdefault("seeds", {})
     if stage.name in rec:
       return rec[stage.name]["n"]
@@ -481,13 +481,13 @@ class StudyRunner:
 
   def run_stage(self, stage: Stage) -> int:
     from rlscale.sweep import manifest as mf
-    from rlscale.sweep.local import LocalLauncher
+    from rlscale.sweep import launchers
     config, sweep_dir = self.config_of(stage), os.path.join(self.dir, stage.name)
     pts = self.points_of(stage, sweep_dir)
     m = mf.open_sweep(sweep_dir, stage.sweep, config, "local", pts)
     vectorize = stage.vectorize if self.vectorize is None else self.vectorize
-    runner = LocalLauncher(config, m, pts, parallel=self.parallel, command=self.command,
-                           vectorize=vectorize, max_lanes=self.max_lanes)
+    runner = launchers.make("local", config, m, pts, self.parallel, self.command, vectorize,
+                            self.max_lanes)
     m.save()
     logging.info("study %s: stage %s, sweep %s of %s, %d points (%d done)", self.study,
                  stage.name, stage.sweep, config, len(pts), m.counts()[mf.DONE])

@@ -24,7 +24,7 @@ def _define_flag():
   names no field would be a traceback there. Such an override is kept from config_flags, so
   that absl refuses it in one line as an unknown flag.
   """
-  from rlscale.sweep import slurm_config
+  from rlscale.sweep.launchers import slurm_config
   fields = set(slurm_config.get_config())
   argv = [a for a in sys.argv
           if not (m := re.match(r"--?(?:no)?slurm\.([^=]+)", a)) or m.group(1) in fields]
@@ -32,7 +32,7 @@ def _define_flag():
     warnings.filterwarnings("ignore", "the load_module", DeprecationWarning)
     return config_flags.DEFINE_config_file(
         "slurm", DEFAULT_SETTINGS, "the Slurm launcher's settings: a file like "
-        "rlscale/sweep/slurm_config.py, its fields overridden as --slurm.partition=gpu",
+        "rlscale/sweep/launchers/slurm_config.py, its fields overridden as --slurm.partition=gpu",
         lock_config=True, sys_argv=None if argv == sys.argv else argv)
 
 
@@ -53,7 +53,7 @@ def current_settings():
       raise ConfigError(f"--slurm={flags.FLAGS['slurm'].config_filename}: cannot load it "
                         f"({lines[-1]})") from e
     return _SLURM.value
-  from rlscale.sweep import slurm_config
+  from rlscale.sweep.launchers import slurm_config
   return slurm_config.get_config()
 
 
@@ -77,14 +77,14 @@ def check(s) -> None:
   """Refuse a setting Slurm would reject or a run could not use, in one line naming it."""
   def bad(field, why):
     raise ConfigError(f"--slurm.{field}={s[field]!r}: {why}")
-  from rlscale.sweep import slurm_config
+  from rlscale.sweep.launchers import slurm_config
   want, have = set(slurm_config.get_config()), set(s)
   if want != have:
     missing, unknown = sorted(want - have), sorted(have - want)
     raise ConfigError(f"--slurm: the settings {'lack ' + ', '.join(missing) if missing else ''}"
                       f"{' and ' if missing and unknown else ''}"
                       f"{'have unknown ' + ', '.join(unknown) if unknown else ''}; start a site "
-                      "file from rlscale/sweep/slurm_config.py")
+                      "file from rlscale/sweep/launchers/slurm_config.py")
   for field, least in (("nodes", 1), ("tasks_per_node", 1), ("gpus_per_node", 0),
                        ("cpus_per_task", 0), ("signal_seconds", 0), ("max_requeues", 0)):
     if not isinstance(s[field], int) or s[field] < least:

@@ -10,7 +10,7 @@ import pytest
 
 from tests.support import REPO, FIXTURES
 from rlscale.config.errors import ConfigError
-from rlscale.sweep import study
+from rlscale.study import study
 from tests.support.sweep_helpers import FAKE_RUN
 
 STUDY = os.path.join(FIXTURES, "fake_study_stages.py")
@@ -123,7 +123,7 @@ def test_a_file_without_stages_is_refused():
 
 
 def test_the_report_script_is_found_in_the_checkout():
-  from rlscale.sweep import study_cli
+  from rlscale.study import cli as study_cli
   assert study_cli.report_script() == os.path.join(REPO, "analysis", "report.py")
 
 
