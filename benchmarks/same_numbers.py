@@ -30,7 +30,7 @@ CONFIGS = ("configs/grpo.py:tiny", "configs/ppo.py:tiny", "configs/sft.py:tiny")
 MACHINE = ("time/", "memory/", "throughput/", "mfu/", "wall_time")
 
 
-def _tree(rev: str | None, root: str, tmp: str, name: str) -> str:
+def checkout(rev: str | None, root: str, tmp: str, name: str) -> str:
   """The checkout of `rev` (None: the working tree itself)."""
   if rev is None:
     return root
@@ -120,8 +120,8 @@ def main(argv=None) -> int:
                         check=True).stdout.strip()
   failed = False
   with tempfile.TemporaryDirectory() as tmp:
-    trees = {"before": _tree(args.before, root, tmp, "before"),
-             "after": _tree(args.after, root, tmp, "after")}
+    trees = {"before": checkout(args.before, root, tmp, "before"),
+             "after": checkout(args.after, root, tmp, "after")}
     try:
       for config in args.configs.split(","):
         rows = {side: _run(tree, config, os.path.join(tmp, f"runs-{side}"))

@@ -39,6 +39,8 @@ import sys
 import tempfile
 import time
 
+from same_numbers import checkout  # this folder is on the path of a script run from it
+
 GRPO, PPO = "configs/grpo_chain_sum.py", "configs/ppo_chain_sum.py"
 SAMPLED = {"eval.greedy": False, "eval.sampled": True, "target.metric": "eval/accuracy_sampled",
            "target.value": 0.41}  # the shipped study's target
@@ -91,14 +93,6 @@ def scan_points(extra: dict, tiny: bool = False) -> list[dict]:
             "optim.reference_batch": 16})
   return [{"p": 2, "lr": lr, "seed": 0, **shape, **SAMPLED, "optim.lr_scaling": "none", **extra}
           for lr in (5e-5, 7.07e-05, 0.0001, 0.000141, 0.0002)[:2 if tiny else 5]]
-
-
-def _tree(rev: str | None, root: str, tmp: str, name: str) -> str:
-  if rev is None:
-    return root
-  path = os.path.join(tmp, name)
-  subprocess.run(["git", "-C", root, "worktree", "add", "--detach", "-q", path, rev], check=True)
-  return path
 
 
 def _children_cpu() -> float:
@@ -236,7 +230,7 @@ def main(argv=None) -> int:
   with tempfile.TemporaryDirectory() as tmp:
     base_cache = os.path.join(tmp, "base")
     sides = ([("before", args.before)] if args.before else []) + [("after", None)]
-    trees = {name: _tree(rev, root, tmp, "tree-" + name) for name, rev in sides}
+    trees = {name: checkout(rev, root, tmp, "tree-" + name) for name, rev in sides}
     try:
       for name, _ in sides:
         after = name == "after"
