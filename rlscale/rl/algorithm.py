@@ -33,6 +33,7 @@ import numpy as np
 from flax import nnx
 
 from rlscale.plan.batch import BatchPlan
+from rlscale.rl import packing
 from rlscale.rl.registry import Registry
 
 ALGORITHMS = Registry("algorithm")
@@ -158,7 +159,8 @@ def trained_model(ctx: Context, name: str, forward, loss, params, optim_cfg,
                  mesh=ctx.env.mesh, rules=ctx.env.rules, noise_cfg=cfg.noise, prox_com=prox_com,
                  ptx_coef=coef, demos=demonstrations(ctx) if coef else None,
                  count_rows=bool(cfg.rollout.dynamic_sampling), lanes=ctx.lanes,
-                 lane_setup=setup)
+                 lane_setup=setup, compile_ahead=packing.compile_ahead(
+                     cfg.train.get("compile_buckets", "auto"), ctx.plan.num_steps))
 
 
 def demonstrations(ctx: Context):

@@ -17,7 +17,7 @@ from absl import logging
 from rlscale.rl import optim
 from rlscale.plan.batch import ModelBatch
 from rlscale.rl import noise_scale, ptx
-from rlscale.rl.update import TrainState, make_update
+from rlscale.rl.update import TrainState, UpdateOptions, make_update
 
 
 class Trained:
@@ -27,8 +27,9 @@ class Trained:
                batch: ModelBatch, group_size: int, total_responses: int, aggregation: str,
                max_len: int, mesh, rules, noise_cfg: Mapping[str, Any], prox_com: float = 0.0,
                ptx_coef: float = 0.0, demos=None, count_rows: bool = False, lanes=None,
-               lane_setup: list | None = None):
-    """`count_rows`: the step's batch may hold rows without loss (dynamic sampling). `lanes`:
+               lane_setup: list | None = None, compile_ahead: bool = False):
+    """`count_rows`: the step's batch may hold rows without loss (dynamic sampling).
+    `compile_ahead`: a packed update compiles every bucket at its first call. `lanes`:
     runs side by side (rlscale/parallel/lanes.py), `params` with the lane axis and
     `lane_setup` each lane's (loss, optimizer section): their numbers are the update's
     per-lane arguments, the first lane's sizes everyone's."""
@@ -66,16 +67,15 @@ class Trained:
     self.noises = [{u: noise_scale.NoiseScale(f"{name}/noise_{u}", noise_cfg["decay"])
                     for u in ("responses", "prompts")} for _ in range(len(lanes or [0]))]
     self.noise = self.noises[0]
-    self.update = make_update(forward, lambda values: optim.make(optim_cfg, **sizes,
-                                                                 values=values)[0],
-                              loss, num_minibatches=batch.num_minibatches,
-                              num_epochs=batch.num_epochs, microbatch=batch.microbatch,
-                              aggregation=aggregation, max_len=max_len, mesh=mesh, rules=rules,
-                              group_size=group_size, measure_noise=self.measure_noise,
-                              prox_decay=self.prox_decay,
-                              ptx=(ptx_coef, ptx.nll) if demos is not None else None,
-                              count_rows=count_rows, shared_prompt=batch.shared_prompt,
-                              pack=batch.pack, lanes=lanes)
+    options = UpdateOptions(
+        microbatch=batch.microbatch, max_len=max_len, num_minibatches=batch.num_minibatches,
+        num_epochs=batch.num_epochs, aggregation=aggregation, group_size=group_size,
+        measure_noise=self.measure_noise, prox_decay=self.prox_decay,
+        ptx=(ptx_coef, ptx.nll) if demos is not None else None, count_rows=count_rows,
+        shared_prompt=batch.shared_prompt, pack=batch.pack, compile_ahead=compile_ahead)
+    self.update = make_update(
+        forward, lambda values: optim.make(optim_cfg, **sizes, values=values)[0], loss, options,
+        mesh=mesh, rules=rules, lanes=lanes)
     self.demos, self.opt_steps_taken = demos, None  # PPO-ptx rows (rl/ptx.py), or None
     prox = jax.tree.map(jnp.copy, params) if self.prox_decay is not None else None
     if lanes is None:

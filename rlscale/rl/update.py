@@ -15,6 +15,7 @@ micro-batch's groups run their prompt once (models/shared_prompt.py).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from typing import Any, Callable, NamedTuple
@@ -273,12 +274,35 @@ def apply_gradients(optimizer, state: TrainState, grads, prox_decay: float | Non
   return TrainState(params, opt_state, state.step + 1, prox)
 
 
-def make_update(forward, optimizer, loss: TokenLoss, *, num_minibatches: int, num_epochs: int,
-                microbatch: int, aggregation: str, max_len: int, mesh: Mesh, rules: sharding.Rules,
-                shuffle: bool = True, group_size: int = 1, measure_noise: bool = True,
-                prox_decay: float | None = None, ptx: tuple[float, TokenLoss] | None = None,
-                count_rows: bool = False, shared_prompt: int = 1, pack: bool = False,
-                lanes=None):
+@dataclasses.dataclass(frozen=True)
+class UpdateOptions:
+  """How an update consumes a step's rows (make_update); the batch plan's numbers."""
+  microbatch: int  # rows per micro-batch (gradients summed over a mini-batch's micro-batches)
+  max_len: int  # response tokens per row: the token weights' normaliser
+  num_minibatches: int = 1  # optimizer steps per epoch
+  num_epochs: int = 1  # passes over the step's rows
+  aggregation: str = "token-mean"  # losses.token_weights: token-mean | seq-mean-token-mean | ...
+  shuffle: bool = True  # each epoch's row order drawn (False: the rows' own)
+  group_size: int = 1  # rows per group (by_group shuffles and shared_prompt)
+  measure_noise: bool = True  # the noise scale's two squared gradient norms
+  prox_decay: float | None = None  # PPO-EWMA: the proximal parameters' EWMA decay per step
+  ptx: tuple[float, TokenLoss] | None = None  # PPO-ptx: (coef, the demonstrations' loss)
+  count_rows: bool = False  # rows may carry no loss (dynamic sampling)
+  shared_prompt: int = 1  # G: each group's prompt runs once (models/shared_prompt.py)
+  pack: bool = False  # shared_prompt's responses packed into fewer rows (rl/packing.py)
+  compile_ahead: bool = False  # pack: every bucket's program compiled at the first update
+
+  def __post_init__(self):
+    if self.shared_prompt > 1 and (self.shared_prompt != self.group_size
+                                   or self.microbatch % self.group_size):
+      raise ValueError(f"shared_prompt={self.shared_prompt} needs micro-batches of whole groups "
+                       f"of {self.group_size} (microbatch {self.microbatch})")
+    if self.pack and self.shared_prompt == 1:
+      raise ValueError("pack needs shared_prompt: packed rows hold responses of one group")
+
+
+def make_update(forward, optimizer, loss: TokenLoss, options: UpdateOptions, *, mesh: Mesh,
+                rules: sharding.Rules, lanes=None):
   """An `Update`: `update(state, batch, key, by_group=False) -> (state, metrics)`.
 
   `forward(params, micro_batch, prox_params)` gives the loss its inputs (policy_forward,
@@ -307,11 +331,11 @@ def make_update(forward, optimizer, loss: TokenLoss, *, num_minibatches: int, nu
   (rl/packing.py: no compute after a response's last loss token). With `lanes`
   (rlscale/parallel/lanes.py) it updates runs side by side, each lane as its run alone.
   """
-  if shared_prompt > 1 and (shared_prompt != group_size or microbatch % group_size):
-    raise ValueError(f"shared_prompt={shared_prompt} needs micro-batches of whole groups of "
-                     f"{group_size} (microbatch {microbatch})")
-  if pack and shared_prompt == 1:
-    raise ValueError("pack needs shared_prompt: packed rows hold responses of one group")
+  o = options
+  num_minibatches, num_epochs, microbatch, group_size = (o.num_minibatches, o.num_epochs,
+                                                         o.microbatch, o.group_size)
+  aggregation, max_len, measure_noise, ptx = o.aggregation, o.max_len, o.measure_noise, o.ptx
+  shared_prompt, pack, prox_decay, count_rows = o.shared_prompt, o.pack, o.prox_decay, o.count_rows
   packer = (packing.Packer(num_epochs=num_epochs, num_minibatches=num_minibatches,
                            microbatch=microbatch, shards=sharding.batch_divisor(mesh, rules),
                            group=group_size) if pack else None)
@@ -321,7 +345,7 @@ def make_update(forward, optimizer, loss: TokenLoss, *, num_minibatches: int, nu
   def perms(key, by_group):
     """[E, B]: each epoch's row order (shared-prompt training: always by whole groups)."""
     def one(epoch, rows):
-      if not shuffle:
+      if not o.shuffle:
         return jnp.arange(rows)
       return permutation(jax.random.fold_in(key, epoch), rows, group_size,
                          True if by_group_always else by_group)
@@ -398,7 +422,7 @@ def make_update(forward, optimizer, loss: TokenLoss, *, num_minibatches: int, nu
         out["noise/micro_used_min"] = jnp.min(metrics["noise/micro_used"])
       return state, out
 
-  return Update(update, mesh, rules, perms, packer, lanes)
+  return Update(update, mesh, rules, perms, packer, lanes, compile_ahead=o.compile_ahead)
 
 
 def _row_counts(mask_MxbxN, shares) -> dict[str, jax.Array]:
@@ -421,7 +445,7 @@ class Update:
   """
 
   def __init__(self, fn, mesh: Mesh, rules: sharding.Rules, perms=None,
-               packer: packing.Packer | None = None, lanes=None):
+               packer: packing.Packer | None = None, lanes=None, compile_ahead: bool = False):
     """`lanes` (rlscale/parallel/lanes.py): runs side by side; the state, the batch, the key
     and `hyper` carry the lane axis, and each lane's device runs `fn` as its run alone would."""
     self._fn, self.mesh, self.rules = fn, mesh, rules
@@ -433,7 +457,7 @@ class Update:
     self.packed_rows: int | None = None  # the last update's packed rows per shard, None unpacked
     # train.compile_buckets (packing.compile_ahead): every bucket's program, and the unpacked
     # one, compiled at the first update instead of when each is first met.
-    self.compile_ahead = False
+    self.compile_ahead = compile_ahead
 
   def state_shardings(self, state: TrainState):
     rep = sharding.replicated(self.mesh)

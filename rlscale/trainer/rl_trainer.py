@@ -41,7 +41,6 @@ from rlscale.trainer.loop import Loop, NonFiniteError, Pending  # noqa: F401  (N
 from rlscale.metrics.writer import write_json
 from rlscale.rl import algorithm
 from rlscale.rl import optim
-from rlscale.rl import packing
 from rlscale.sampling import Sampler, SamplingParams, generate
 from rlscale.metrics import summary
 
@@ -119,17 +118,14 @@ class RLTrainer:
                    self.refill.call_prompts, self.refill.max_rounds, ro.oversample)
 
   def _compile_buckets(self, choice: str) -> None:
-    """train.compile_buckets: whether each packed update compiles every bucket at its first
-    call (packing.compile_ahead), said in one line."""
+    """Say in one line what train.compile_buckets chose for the packed updates
+    (packing.compile_ahead, which algorithm.trained_model gave each update)."""
     packed = [m.update for m in self.algo.models.values() if m.update.packer is not None]
-    if not packed:
-      return
-    ahead = packing.compile_ahead(choice, self.plan.num_steps)
-    for update in packed:
-      update.compile_ahead = ahead
-    logging.info("train.compile_buckets=%s: %s", choice,
-                 f"every bucket's update compiled at the first update ({self.plan.num_steps} "
-                 f"steps)" if ahead else "each bucket's update compiled when first met")
+    if packed:
+      logging.info("train.compile_buckets=%s: %s", choice,
+                   f"every bucket's update compiled at the first update ({self.plan.num_steps} "
+                   f"steps)" if packed[0].compile_ahead
+                   else "each bucket's update compiled when first met")
 
   def _fit_generation_batch(self, value) -> dict[str, Any] | None:
     """generation_batch='auto': the largest decode call whose compiled memory fits the

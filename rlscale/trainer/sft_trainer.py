@@ -24,7 +24,8 @@ from rlscale.checkpoints import hf
 from rlscale.trainer.evaluation import Evaluator
 from rlscale.trainer.loop import Loop, Pending
 from rlscale.metrics.writer import write_json
-from rlscale.rl.update import SequenceBatch, TokenInputs, TrainState, make_update, policy_forward
+from rlscale.rl.update import (SequenceBatch, TokenInputs, TrainState, UpdateOptions, make_update,
+                               policy_forward)
 from rlscale.tasks.base import left_pad, right_pad, turn_end_id
 
 DONE = "COMPLETE"  # marker file written last into a finished policy folder
@@ -66,11 +67,9 @@ class SFTTrainer:
                               responses_per_step=self.batch_size)
     forward = policy_forward(self.graphdef, chunk=cfg.train.logprob_chunk,
                              remat=cfg.train.remat)
-    self.update = make_update(forward, optimizer, nll_loss,
-                              num_minibatches=1, num_epochs=1,
-                              microbatch=self.plan.main.microbatch, aggregation="token-mean",
-                              max_len=env.task.max_answer_len, mesh=env.mesh, rules=env.rules,
-                              shuffle=False)
+    self.update = make_update(forward, optimizer, nll_loss, UpdateOptions(
+        microbatch=self.plan.main.microbatch, max_len=env.task.max_answer_len, shuffle=False),
+        mesh=env.mesh, rules=env.rules)
     self.train_state = self.update.place(
         TrainState(params, jax.jit(optimizer.init)(params), jnp.zeros((), jnp.int32)))
     self.evaluator = Evaluator(env.task, self.graphdef, env.mesh, env.rules,

@@ -15,7 +15,7 @@ from flax import nnx
 from rlscale import models
 from rlscale.parallel import lanes as lanes_lib
 from rlscale.parallel import sharding
-from rlscale.rl.update import SequenceBatch, TrainState, make_update, policy_forward
+from rlscale.rl.update import SequenceBatch, TrainState, UpdateOptions, make_update, policy_forward
 from rlscale.sampling import Sampler, SamplingParams, generate
 
 # A lane's parameter update against its run alone's, one SGD step (float32): the largest
@@ -94,9 +94,9 @@ def test_a_lanes_update_is_its_run_alones(policy, mesh1, rules):
     return -h["scale"] * inp.extras["advantages"][:, None] * inp.logp, {}
   loss.hyper = {"scale": 1.0}
   opt = lambda hyper: optax.sgd(hyper["lr"])
-  kw = dict(num_minibatches=1, num_epochs=1, microbatch=4, aggregation="token-mean",
-            max_len=n, mesh=mesh1, rules=rules)
-  solo = make_update(policy_forward(graphdef), opt, loss, **kw)
+  options = UpdateOptions(microbatch=4, max_len=n)
+  kw = dict(mesh=mesh1, rules=rules)
+  solo = make_update(policy_forward(graphdef), opt, loss, options, **kw)
   hypers = [{"lr": 1.0, "scale": 1.0}, {"lr": 3.0, "scale": 0.5}]
   keys = [jax.random.key(7), jax.random.key(8)]
   alone = []
@@ -105,7 +105,7 @@ def test_a_lanes_update_is_its_run_alones(policy, mesh1, rules):
                                   jnp.zeros((), jnp.int32)))
     new, metrics = solo(jax.tree.map(jnp.copy, state), batch, key, hyper=h)
     alone.append((new, metrics))
-  side = make_update(policy_forward(graphdef), opt, loss, lanes=lanes, **kw)
+  side = make_update(policy_forward(graphdef), opt, loss, options, lanes=lanes, **kw)
   init = lambda q: TrainState(q, optax.sgd(0.0).init(q), jnp.zeros((), jnp.int32))
   state = lanes.map(init, (True,))(lanes.broadcast(params))
   stack = lambda t: lanes.stack([t, t])

@@ -16,7 +16,7 @@ from rlscale.rl.advantages import ADVANTAGES
 from rlscale.rl.losses import (KL_ESTIMATORS, clipped_surrogate, entropy, microbatch_shares,
                                token_weights)
 from rlscale.rl.policy_loss import make_policy_loss
-from rlscale.rl.update import SequenceBatch, TrainState, make_update, policy_forward
+from rlscale.rl.update import SequenceBatch, TrainState, UpdateOptions, make_update, policy_forward
 
 REWARDS = jnp.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
 
@@ -137,9 +137,9 @@ def test_microbatch_size_never_changes_the_gradient(aggregation, mesh1, rules):
   for micro in (8, 2):  # one micro-batch, then four
     model = models.CausalLM(cfg, rngs=nnx.Rngs(params=0))
     graphdef, params = nnx.split(model)
-    update = make_update(policy_forward(graphdef), opt, make_policy_loss(RL), num_minibatches=1,
-                         num_epochs=1, microbatch=micro, aggregation=aggregation, max_len=6,
-                         mesh=mesh1, rules=rules)
+    update = make_update(policy_forward(graphdef), opt, make_policy_loss(RL),
+                         UpdateOptions(num_minibatches=1, num_epochs=1, microbatch=micro,
+                         aggregation=aggregation, max_len=6), mesh=mesh1, rules=rules)
     state = update.place(TrainState(params, opt.init(params), jnp.zeros((), jnp.int32)))
     state, metrics = update(state, batch, jax.random.key(0))
     results.append((jax.tree.leaves(state.params), jax.device_get(metrics)))
@@ -156,9 +156,9 @@ def test_minibatches_take_one_optimizer_step_each(mesh1, rules):
   model = models.CausalLM(cfg, rngs=nnx.Rngs(params=0))
   graphdef, params = nnx.split(model)
   opt, _ = optim.make(fill_optim(dict(lr=1e-3)), batch=2, total_responses=80, responses_per_step=1)
-  update = make_update(policy_forward(graphdef), opt, make_policy_loss(RL), num_minibatches=4,
-                       num_epochs=2, microbatch=2, aggregation="token-mean", max_len=6, mesh=mesh1,
-                       rules=rules)
+  update = make_update(policy_forward(graphdef), opt, make_policy_loss(RL),
+                       UpdateOptions(num_minibatches=4, num_epochs=2, microbatch=2,
+                       aggregation="token-mean", max_len=6), mesh=mesh1, rules=rules)
   state = update.place(TrainState(params, opt.init(params), jnp.zeros((), jnp.int32)))
   state, metrics = update(state, _batch(cfg), jax.random.key(1))
   assert int(state.step) == 8  # 4 mini-batches x 2 epochs

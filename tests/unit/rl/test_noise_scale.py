@@ -10,7 +10,7 @@ import pytest
 
 from rlscale.parallel import sharding
 from rlscale.rl import noise_scale
-from rlscale.rl.update import SequenceBatch, TrainState, accumulate, make_update
+from rlscale.rl.update import SequenceBatch, TrainState, UpdateOptions, accumulate, make_update
 
 # Least squares, x ~ N(0, I_n), y = x.w* + e, e ~ N(0, s2); per-sample gradient (x.d - e) x with
 # d = w - w*. Then G = d and Sigma = |d|^2 I + d d^T + s2 I:
@@ -112,9 +112,9 @@ def test_update_noise_metrics_match_the_closed_form_with_ragged_lengths(aggregat
   forward = lambda theta, mb, prox: jnp.einsum("bnd,d->bn", mb.extras["x"], theta)
   loss = lambda logp: (logp, {})
   opt = optax.set_to_zero()  # the gradient does not depend on theta; keep it fixed anyway
-  update = make_update(forward, opt, loss, num_minibatches=LIN_TRIALS, num_epochs=1,
-                       microbatch=LIN_SMALL, aggregation=aggregation, max_len=LIN_L, mesh=mesh1,
-                       rules=rules, shuffle=False)
+  update = make_update(forward, opt, loss, UpdateOptions(num_minibatches=LIN_TRIALS, num_epochs=1,
+                       microbatch=LIN_SMALL, aggregation=aggregation, max_len=LIN_L, shuffle=False),
+                       mesh=mesh1, rules=rules)
   theta = jnp.zeros((LIN_D,), jnp.float32)
   state = update.place(TrainState(theta, opt.init(theta), jnp.zeros((), jnp.int32)))
   _, metrics = update(state, _linear_batch(LIN_TRIALS * LIN_BIG), jax.random.key(0))
@@ -182,9 +182,9 @@ def _shared_batch(rng):
 def test_prompt_level_estimate_is_unbiased_when_responses_share_a_prompt(mesh1, rules):
   forward = lambda theta, mb, prox: jnp.einsum("bnd,d->bn", mb.extras["x"], theta)
   opt = optax.set_to_zero()
-  update = make_update(forward, opt, lambda logp: (logp, {}), num_minibatches=1, num_epochs=1,
-                       microbatch=SH_MICRO, aggregation="seq-mean-token-mean", max_len=SH_L,
-                       mesh=mesh1, rules=rules, group_size=SH_G, measure_noise=True)
+  update = make_update(forward, opt, lambda logp: (logp, {}), UpdateOptions(num_minibatches=1,
+                       num_epochs=1, microbatch=SH_MICRO, aggregation="seq-mean-token-mean",
+                       max_len=SH_L, group_size=SH_G, measure_noise=True), mesh=mesh1, rules=rules)
   theta = jnp.zeros((SH_D,), jnp.float32)
   state = update.place(TrainState(theta, opt.init(theta), jnp.zeros((), jnp.int32)))
   rng, b = np.random.default_rng(0), SH_P * SH_G
@@ -212,9 +212,9 @@ def test_rows_without_loss_are_left_out_of_the_noise_scale(mesh1, rules):
   forward = lambda theta, mb, prox: jnp.einsum("bnd,d->bn", mb.extras["x"], theta)
   loss = lambda logp: (logp, {})
   opt = optax.set_to_zero()
-  update = make_update(forward, opt, loss, num_minibatches=LIN_TRIALS, num_epochs=1,
+  update = make_update(forward, opt, loss, UpdateOptions(num_minibatches=LIN_TRIALS, num_epochs=1,
                        microbatch=LIN_SMALL, aggregation="token-mean", max_len=LIN_L,
-                       mesh=mesh1, rules=rules, count_rows=True)
+                       count_rows=True), mesh=mesh1, rules=rules)
   theta = jnp.zeros((LIN_D,), jnp.float32)
   state = update.place(TrainState(theta, opt.init(theta), jnp.zeros((), jnp.int32)))
   batch = _linear_batch(LIN_TRIALS * LIN_BIG, seed=1)

@@ -14,7 +14,7 @@ from rlscale import models
 from rlscale.parallel import sharding
 from rlscale.rl import packing
 from rlscale.rl.policy_loss import make_policy_loss
-from rlscale.rl.update import SequenceBatch, TrainState, make_update, policy_forward
+from rlscale.rl.update import SequenceBatch, TrainState, UpdateOptions, make_update, policy_forward
 
 
 def test_input_lengths_are_the_last_loss_token():
@@ -100,10 +100,10 @@ def _packed_steps(tiny_cfg):
   mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
   loss = make_policy_loss(dict(clip_eps_low=0.2, clip_eps_high=0.2, kl_coef=0.0,
                                kl_estimator="k3", entropy_coef=0.0, dual_clip=0.0))
-  update = make_update(policy_forward(graphdef), optax.sgd(0.1), loss, num_minibatches=1,
-                       num_epochs=1, microbatch=8, aggregation="token-mean", max_len=8,
-                       mesh=mesh, rules=sharding.rules_from_config(None), group_size=4,
-                       shared_prompt=4, pack=True)
+  update = make_update(policy_forward(graphdef), optax.sgd(0.1), loss,
+                       UpdateOptions(num_minibatches=1, num_epochs=1, microbatch=8,
+                       aggregation="token-mean", max_len=8, group_size=4, shared_prompt=4,
+                       pack=True), mesh=mesh, rules=sharding.rules_from_config(None))
   held = [update.place(TrainState(params, optax.sgd(0.1).init(params), jnp.zeros((), jnp.int32)))]
   rng = np.random.default_rng(0)
 

@@ -17,7 +17,7 @@ from rlscale.run import train
 from rlscale.rl.advantages import gae, token_rewards, whiten
 from rlscale.rl.losses import (clipped_surrogate, clipped_value_loss, decoupled_surrogate,
                                explained_variance)
-from rlscale.rl.update import SequenceBatch, TrainState, make_update, policy_forward
+from rlscale.rl.update import SequenceBatch, TrainState, UpdateOptions, make_update, policy_forward
 
 MASK = jnp.array([[1, 1, 1], [1, 1, 0]], bool)  # the second response is one token shorter
 
@@ -92,9 +92,10 @@ def test_proximal_policy_is_an_ewma_of_the_weights(mesh1, rules):
   graphdef, params = _tiny()
   loss = make_policy_loss(dict(clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=0.0,
                                 entropy_coef=0.0, kl_coef=0.0, kl_estimator="k1"), False)
-  update = make_update(policy_forward(graphdef), optax.sgd(0.5), loss, num_minibatches=1,
-                       num_epochs=1, microbatch=2, aggregation="token-mean", max_len=3,
-                       mesh=mesh1, rules=rules, prox_decay=0.75)
+  update = make_update(policy_forward(graphdef), optax.sgd(0.5), loss,
+                       UpdateOptions(num_minibatches=1, num_epochs=1, microbatch=2,
+                       aggregation="token-mean", max_len=3, prox_decay=0.75), mesh=mesh1,
+                       rules=rules)
   rng = np.random.default_rng(0)
   prox = jax.tree.map(lambda x: x + 0.01, params)  # a proximal policy away from the actor
   state = update.place(TrainState(params, optax.sgd(0.5).init(params), jnp.zeros((), jnp.int32),

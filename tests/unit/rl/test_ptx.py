@@ -10,7 +10,7 @@ from flax import nnx
 from rlscale import models
 from rlscale.rl import ptx
 from rlscale.rl.policy_loss import make_policy_loss
-from rlscale.rl.update import SequenceBatch, TrainState, make_update, policy_forward
+from rlscale.rl.update import SequenceBatch, TrainState, UpdateOptions, make_update, policy_forward
 
 RL = dict(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0,
           dual_clip=0.0)
@@ -34,11 +34,11 @@ def _step(mesh, rules, loss, batch, coef=None, demos=None, minibatches=1):
   """Parameters after one SGD(1) update (they move by minus the gradient), and its metrics."""
   graphdef, params = nnx.split(models.CausalLM(CFG, rngs=nnx.Rngs(params=0)))
   opt = optax.sgd(1.0)
-  update = make_update(policy_forward(graphdef), opt, loss, num_minibatches=minibatches,
-                       num_epochs=1, microbatch=batch.tokens.shape[0] // minibatches,
-                       aggregation="token-mean",
-                       max_len=6, mesh=mesh, rules=rules, shuffle=False,
-                       ptx=None if coef is None else (coef, ptx.nll))
+  update = make_update(policy_forward(graphdef), opt, loss,
+                       UpdateOptions(num_minibatches=minibatches, num_epochs=1,
+                       microbatch=batch.tokens.shape[0] // minibatches, aggregation="token-mean",
+                       max_len=6, shuffle=False, ptx=None if coef is None else (coef, ptx.nll)),
+                       mesh=mesh, rules=rules)
   state = update.place(TrainState(params, opt.init(params), jnp.zeros((), jnp.int32)))
   before = jax.device_get(params)  # the update donates the state
   state, metrics = update(state, batch, jax.random.key(0), False, demos)

@@ -21,8 +21,8 @@ from rlscale.parallel import sharding
 from rlscale.rl import packing
 from rlscale.rl.policy_loss import make_policy_loss
 from rlscale.rl.ppo import make_critic_loss
-from rlscale.rl.update import (SequenceBatch, TrainState, make_update, policy_forward,
-                               value_forward)
+from rlscale.rl.update import (SequenceBatch, TrainState, UpdateOptions, make_update,
+                               policy_forward, value_forward)
 from tests.unit.models.test_shared_prompt import groups
 
 RL = dict(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.05, kl_estimator="k3",
@@ -50,10 +50,10 @@ def run(kind, mesh, shared, remat="none", pack=False):
     model, forward, loss = models.ValueModel, value_forward, make_critic_loss({"value_clip": 0.2})
   graphdef, params = nnx.split(model(CFG, rngs=nnx.Rngs(params=0)))
   opt = optax.sgd(1.0)
-  update = make_update(forward(graphdef, remat=remat), opt, loss, num_minibatches=2,
+  update = make_update(forward(graphdef, remat=remat), opt, loss, UpdateOptions(num_minibatches=2,
                        num_epochs=1, microbatch=8, aggregation="seq-mean-token-mean", max_len=5,
-                       mesh=mesh, rules=rules, group_size=G, shared_prompt=G if shared else 1,
-                       pack=pack)
+                       group_size=G, shared_prompt=G if shared else 1, pack=pack), mesh=mesh,
+                       rules=rules)
   state = update.place(TrainState(params, opt.init(params), jnp.zeros((), jnp.int32)))
   delta = jax.tree.map(jnp.copy, params)
   state, metrics = update(state, batch(), jax.random.key(0), by_group=True)
@@ -99,9 +99,9 @@ def test_shared_prompt_needs_micro_batches_of_whole_groups():
   graphdef, _ = nnx.split(models.CausalLM(CFG, rngs=nnx.Rngs(params=0)))
   with pytest.raises(ValueError, match="whole groups of 4"):
     make_update(policy_forward(graphdef), optax.sgd(1.0), make_policy_loss(RL),
-                num_minibatches=1, num_epochs=1, microbatch=6, aggregation="token-mean",
-                max_len=5, mesh=mesh, rules=sharding.rules_from_config(None), group_size=4,
-                shared_prompt=4)
+                UpdateOptions(num_minibatches=1, num_epochs=1, microbatch=6,
+                aggregation="token-mean", max_len=5, group_size=4, shared_prompt=4), mesh=mesh,
+                rules=sharding.rules_from_config(None))
 
 
 def test_whole_batch_forwards_run_each_prompt_once():

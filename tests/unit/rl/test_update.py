@@ -6,16 +6,15 @@ import numpy as np
 import optax
 import pytest
 
-from rlscale.rl.update import SequenceBatch, TrainState, make_update
+from rlscale.rl.update import SequenceBatch, TrainState, UpdateOptions, make_update
 
 D, ROWS, N = 4, 8, 3
 
 
 def _update(opt, mesh, rules, **kw):
   forward = lambda theta, mb, prox: jnp.einsum("bnd,d->bn", mb.extras["x"], theta)
-  return make_update(forward, opt, lambda v: (v, {}), num_minibatches=2, num_epochs=1,
-                     microbatch=2, aggregation="token-mean", max_len=N, mesh=mesh, rules=rules,
-                     shuffle=False, **kw)
+  options = UpdateOptions(microbatch=2, max_len=N, num_minibatches=2, shuffle=False, **kw)
+  return make_update(forward, opt, lambda v: (v, {}), options, mesh=mesh, rules=rules)
 
 
 def _batch(live_rows):
