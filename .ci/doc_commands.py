@@ -216,7 +216,7 @@ RULES = [
              "run 1 / (1 - b1) steps of the largest batch (3x with the parent's moments)"),
     rule(MAIN + r".*--config\.mesh\.roles=split", tiny_run(1), devices=8,
          why="8 CPU devices: 4 sample, 4 train"),
-    rule(MAIN + r".*--config\.rollout\.overlap=True", tiny_run(2),
+    rule(MAIN + r".*--config\.rollout\.max_staleness=", tiny_run(2),
          why="2 steps: the second generated during the first's update"),
     rule(MAIN + r".*--config\.model\.hf_checkpoint=/models/", tiny_run(1),
          sub("=/models/", "={scratch}/models/"), sub("=/data/", "={scratch}/data/"),

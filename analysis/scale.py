@@ -65,7 +65,7 @@ def parse(argv=None) -> argparse.Namespace:
                  "the shared host's per-device cost")
   p.add_argument("--chips", default="1,8,64,512,1024", type=_chip_counts,
                  help="comma-separated chip counts")
-  p.add_argument("--accelerator", default="h200", help="a row of rlscale/data/accelerators.json")
+  p.add_argument("--accelerator", default="h200", help="a row of analysis/throughput/accelerators.json")
   p.add_argument("--run_accelerator", default="cpu", help="where RUN_DIR ran")
   p.add_argument("--layout", default="both", choices=["colocated", "split", "both"])
   p.add_argument("--overlap", action="store_true", help="split: generation overlaps training")

@@ -67,7 +67,8 @@ flags.DEFINE_list("mesh", ["-1", "1", "1"], "data,fsdp,tensor (the trainer's, wh
 flags.DEFINE_enum("roles", "colocated", ["colocated", "split"], "mesh.roles")
 flags.DEFINE_integer("sampler_devices", 0, "split: devices that sample (mesh.sampler_devices)")
 flags.DEFINE_list("sampler_mesh", ["-1", "1", "1"], "split: the sampler's data,fsdp,tensor")
-flags.DEFINE_bool("overlap", False, "rollout.overlap: generate step N+1 while step N trains")
+flags.DEFINE_integer("max_staleness", 0, "rollout.max_staleness: the sampler runs up to k "
+                     "steps ahead of the trainer (1: step N+1 generates while step N trains)")
 flags.DEFINE_integer("matmul", 2048, "side of the reference matmul (0: skip it)")
 flags.DEFINE_enum("remat", None, ["none", "full", "dots"], "train.remat (default: the config's)")
 flags.DEFINE_integer("logprob_chunk", None, "train.logprob_chunk: vocabulary columns per chunk, "
@@ -143,7 +144,7 @@ def run_config(workdir: str):
   cfg.mesh.shape = [int(s) for s in FLAGS.mesh]
   cfg.mesh.roles, cfg.mesh.sampler_devices = FLAGS.roles, FLAGS.sampler_devices
   cfg.mesh.sampler_shape = [int(s) for s in FLAGS.sampler_mesh]
-  cfg.rollout.overlap = FLAGS.overlap
+  cfg.rollout.max_staleness = FLAGS.max_staleness
   cfg.train.shared_prompt = {"auto": "auto", "true": True, "false": False}[FLAGS.shared_prompt]
   cfg.train.pack_responses = FLAGS.pack_responses
   cfg.init.hf_checkpoint = os.path.join(workdir, "base")
@@ -384,7 +385,7 @@ def main(argv):
          "update_executed_tflops_per_s": executed / update_s / 1e12,
          "steps": len(rows), "devices": jax.device_count(), "roles": FLAGS.roles,
          "sampler_devices": FLAGS.sampler_devices if FLAGS.roles == "split" else None,
-         "overlap": FLAGS.overlap, **memory_settings(trainer),
+         "max_staleness": FLAGS.max_staleness, **memory_settings(trainer),
          "device_kind": jax.devices()[0].device_kind}
   for k in ["time/generate", "time/reward", "time/logprobs", "time/weight_sync",
             "time/other"] + update_keys:

@@ -72,8 +72,12 @@ def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
       "group_vs_prompts": sw.product(pairs, {"optim.lr_scaling": ["sqrt"]}, seeds, equal, evals),
       # Overlapped generation (one step off-policy) against on-policy: responses and time to
       # target at each P (split it over devices with mesh.roles='split' to gain time).
-      "overlap": sw.product({"rollout.overlap": [False, True]}, {"p": prompts[:3]},
+      "overlap": sw.product({"rollout.max_staleness": [0, 1]}, {"p": prompts[:3]},
                             sw.fixed(g=8), seeds, equal, evals),
+      # The staleness bound k against the batch: does training on responses up to k updates
+      # old cost responses to target, and does it move where invariance breaks?
+      "staleness": sw.product({"rollout.max_staleness": [0, 1, 2, 4, 8]}, {"p": prompts[:3]},
+                              sw.fixed(g=8), seeds, equal, evals),
       # Dynamic sampling (groups of equal rewards dropped and refilled) against none at three
       # P: responses to target against generated and trained responses, nominal and effective B.
       "dynamic_sampling": sw.product({"rollout.dynamic_sampling": [False, True]},

@@ -263,7 +263,7 @@ def load_run(path: str, skip: int = SKIP_STEPS) -> Run:
                other=med["time/other"], sync=med["time/weight_sync"], step=med["step"],
                chips=int(summary.get("devices") or _devices(mesh)), layout=layout,
                sampler=int(mesh.get("sampler_devices") or 0) if layout == "split" else 0,
-               overlap=bool(rollout.get("overlap", False)))
+               overlap=rollout.get("max_staleness", 0) > 0)
   cfg = _model(config)
   return Run(path, workload(cfg, config, plan, med), m, summary, float(plan.batch), cfg)
 

@@ -17,7 +17,7 @@ _OPTIMIZERS = ("optim", "critic.optim")
 
 DEFAULTS = {
     "mesh.roles": "colocated", "mesh.sampler_devices": 0, "mesh.sampler_shape": (-1, 1, 1),
-    "rollout.overlap": False, "rollout.dynamic_sampling": False, "rollout.filter_min_std": 0.0,
+    "rollout.max_staleness": 0, "rollout.dynamic_sampling": False, "rollout.filter_min_std": 0.0,
     "rollout.max_rounds": 4, "rollout.oversample": "auto", "optim.lr_batch": "nominal",
     "train.remat": "none", "train.logprob_chunk": 0, "train.total_responses": 0,
     "train.eval_every_responses": 0, "train.shared_prompt": False,
@@ -27,7 +27,8 @@ DEFAULTS = {
     "optim.eps": 1e-8, "optim.weight_decay": 0.0, "optim.grad_clip": 0.0, "optim.state_dtype": "",
     "optim.reference_batch": None,
     "rl.kl_coef": 0.0, "rl.prox_com": 0.0, "rl.dual_clip": 0.0, "rl.ptx_coef": 0.0,
-    "rl.ptx_rows": 8,
+    "rl.ptx_rows": 8, "rl.off_policy_correction": "none", "rl.is_cap": 2.0,
+    "rl.mis_threshold": 2.0,
     "task.train_files": "", "task.eval_files": "", "task.eval_fraction": 0.0,
     "task.prompt_field": "question", "task.answer_field": "answer", "task.system_prompt": "",
     "task.instruction": "Put the final answer in \\boxed{}.", "task.enable_thinking": None,
@@ -38,6 +39,12 @@ DEFAULTS = {
     "init.branch_from": "", "init.branch_step": 0, "init.branch_optimizer": "parent", "train.keep_period": 0,
     "train.peer_timeout_s": 100, "train.compile_buckets": "auto",
 }
+
+
+# Fields renamed since: {old dotted name: (new dotted name, the new value from the old)}. A
+# config that still has the old field (a run's config.json, a user's older file) is read as
+# the new one. rollout.overlap=True generated one step ahead: max_staleness 1.
+RENAMED = {"rollout.overlap": ("rollout.max_staleness", lambda v: 1 if v is True else 0)}
 
 
 def _expanded() -> dict:
@@ -76,8 +83,37 @@ def _has(node, name: str) -> bool:
     return False
 
 
+def _renamed(cfg) -> list[tuple[str, str, object]]:
+  """(section, old field, value) of the RENAMED fields `cfg` holds."""
+  out = []
+  for old in RENAMED:
+    section, _, field = old.rpartition(".")
+    node = cfg
+    for part in section.split("."):
+      node = node[part] if _has(node, part) else None
+      if node is None:
+        break
+    if node is not None and _has(node, field):
+      out.append((section, field, node[field]))
+  return out
+
+
 def fill(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """`cfg` with every field its sections lack set to its default (a copy when any is)."""
+  """`cfg` with its RENAMED fields under their new names and every field its sections lack set
+  to its default (a copy when any is)."""
+  renamed = _renamed(cfg)
+  if renamed:
+    cfg = copy.deepcopy(cfg)
+    with cfg.unlocked():
+      for section, field, value in renamed:
+        node = cfg
+        for part in section.split("."):
+          node = node[part]
+        new, convert = RENAMED[f"{section}.{field}"]
+        with node.unlocked():
+          del node[field]
+          if new.rpartition(".")[2] not in node:
+            setattr(node, new.rpartition(".")[2], convert(value))
   todo = missing(cfg)
   if not todo:
     return cfg
@@ -108,6 +144,10 @@ def fill_dict(flat: dict) -> dict:
   """A flattened config.json ({"a.b": v}) with the defaults of its sections' missing fields."""
   sections = {k.rpartition(".")[0] for k in flat}
   out = dict(flat)
+  for old, (new, convert) in RENAMED.items():
+    if old in out:
+      value = out.pop(old)
+      out.setdefault(new, convert(value))
   for key, value in EXPANDED.items():
     if key.rpartition(".")[0] in sections and key not in out:
       out[key] = list(value) if isinstance(value, tuple) else value

@@ -185,18 +185,24 @@ def _train(errors: list[str], cfg) -> None:
 
 
 def _rollout(errors: list[str], cfg) -> None:
-  """The RL sampling temperature, and overlapped generation: it trains on responses of the
-  policy one update back, so the ratio's denominator must be the sampler's log-probs, which
-  know the lag. (SamplingParams checks the other sampling fields.)"""
+  """The RL sampling temperature, and the staleness bound: a step trains on responses of the
+  policy up to k updates back, so the ratio's denominator must be the sampler's log-probs,
+  which know the lag. (SamplingParams checks the other sampling fields.)"""
   ro = cfg.rollout
   number(errors, "rollout.temperature", ro.temperature, "> 0 for RL sampling", lambda v: v > 0)
-  if "overlap" not in ro:
+  if "max_staleness" not in ro:
     return
-  boolean(errors, "rollout.overlap", ro.overlap)
-  if ro.overlap is True and cfg.rl.old_logprobs == "recompute":
-    errors.append("rollout.overlap=True with rl.old_logprobs='recompute': the recomputed "
-                  "log-probs are the trainer's, not the policy that sampled (one update "
-                  "older); use rl.old_logprobs='sampler'")
+  k = ro.max_staleness
+  integer(errors, "rollout.max_staleness", k, minimum=0)
+  stale = isinstance(k, int) and not isinstance(k, bool) and k > 0
+  if stale and cfg.rl.old_logprobs == "recompute":
+    errors.append(f"rollout.max_staleness={k} with rl.old_logprobs='recompute': the recomputed "
+                  "log-probs are the trainer's, not the policy that sampled (up to "
+                  f"{k} update(s) older); use rl.old_logprobs='sampler'")
+  if stale and k > 1 and ro.get("dynamic_sampling") is True:
+    errors.append(f"rollout.max_staleness={k} with rollout.dynamic_sampling=True: a step's "
+                  "refill rounds decide where the next step's prompts start, so the sampler "
+                  "can run one step ahead at most; use rollout.max_staleness=1 (or 0)")
   if "dynamic_sampling" not in ro:
     return
   boolean(errors, "rollout.dynamic_sampling", ro.dynamic_sampling)

@@ -236,9 +236,12 @@ def rollout(max_new_tokens: int) -> ml_collections.ConfigDict:
   c.generation_batch = auto_or_int()
   # KV-cache slots per chunk of generated tokens; 'auto': 16 from 128 rows per device, else 64
   c.decode_chunk = auto_or_int()
-  # Generate step N+1's responses while step N trains (one step off-policy, as in verl,
-  # AReaL, PipelineRL); the lag is recorded and the ratio uses the sampler's log-probs.
-  c.overlap = False
+  # Staleness bound k: step t trains on responses sampled with the weights after update
+  # max(0, t - 1 - k), so the sampler decodes up to k steps ahead of the trainer (0:
+  # synchronous; 1: step N+1 generates while step N trains, as verl, AReaL, PipelineRL). The
+  # lag is fixed, not left to timing; it is recorded (rollout/policy_lag) and the ratio's
+  # denominator is the sampler's log-probs, which know it.
+  c.max_staleness = 0
   # Dynamic sampling (verl's filter_groups): drop groups whose rewards are all equal (zero
   # group-relative advantage) and refill the step from more prompts until it holds P groups
   # that carry signal (rlscale/trainer/refill.py). responses_seen counts every response
@@ -286,6 +289,14 @@ def rl(num_prompts: int, group_size: int, **overrides) -> ml_collections.ConfigD
   c.entropy_coef = 0.0  # entropy bonus weight
   c.loss_aggregation = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
   c.old_logprobs = "sampler"  # sampler: log-probs recorded while sampling; recompute: a forward
+  # Responses of an older policy (rollout.max_staleness > 0): none | tis | mis | decoupled
+  # (rlscale/rl/off_policy.py). A correction clips around the trainer's own log-probs (one
+  # forward more) and weights each token by pi_old / pi_sampler, truncated at is_cap (tis),
+  # masked above it (decoupled, AReaL), or with whole responses masked whose geometric-mean
+  # ratio lies outside [1 / mis_threshold, mis_threshold] (mis).
+  c.off_policy_correction = "none"
+  c.is_cap = 2.0
+  c.mis_threshold = 2.0
   # PPO-ptx (InstructGPT): ptx_coef x the mean NLL of `ptx_rows` demonstrations (task.demo_files)
   # added to every optimizer step's policy loss; 0 turns it off.
   c.ptx_coef = 0.0

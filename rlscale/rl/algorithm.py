@@ -196,6 +196,8 @@ def policy_loss_errors(rl) -> list[str]:
     errors.append(f"rl.clip_eps_low={rl.clip_eps_low}, rl.clip_eps_high={rl.clip_eps_high}: "
                   f"need 0 <= low < 1 and high >= 0")
   errors += ptx_errors(rl)
+  from rlscale.rl import off_policy
+  errors += off_policy.errors(rl)
   if rl.kl_coef < 0 or rl.entropy_coef < 0:
     errors.append(f"rl.kl_coef={rl.kl_coef}, rl.entropy_coef={rl.entropy_coef} must be >= 0")
   return errors

@@ -9,7 +9,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from rlscale.rl import algorithm
+from rlscale.rl import algorithm, off_policy
 from rlscale.rl.advantages import ADVANTAGES
 from rlscale.rl.policy_loss import make_policy_loss
 from rlscale.rl.update import policy_forward, response_fn
@@ -46,22 +46,28 @@ class GRPO:
     advantage, g = ADVANTAGES.get(r.advantage), r.group_size
     self.advantages = ctx.jit(lambda scores: advantage(scores.reshape(-1, g)).reshape(-1),
                               (True,))
+    self.correction = off_policy.Correction(r, ctx.jit)
 
   def prepare(self, batch, sample_logp, scores):
     batch.extras["advantages"] = self.advantages(scores)
-    if self.rl.old_logprobs != "recompute" and self.ref_params is None:
+    recompute = self.rl.old_logprobs == "recompute" or self.correction.on
+    if not recompute and self.ref_params is None:
       batch.extras["old_logp"] = sample_logp
       return {}, {}
-    t = time.time()
-    batch.extras["old_logp"] = (self.logprobs(self.actor.params, batch)
-                                if self.rl.old_logprobs == "recompute" else sample_logp)
+    t, host = time.time(), {}
+    old_logp = self.logprobs(self.actor.params, batch) if recompute else sample_logp
+    if self.correction.on:  # the trainer's log-probs anchor the clip; the sampler's weight
+      host = self.correction.apply(batch, old_logp, sample_logp)
+    else:
+      batch.extras["old_logp"] = old_logp
     if self.ref_params is not None:
       batch.extras["ref_logp"] = self.logprobs(self.ref_params, batch)
     jax.block_until_ready(batch.extras)  # the phase's own time
-    return {"logprobs": time.time() - t}, {}
+    return {"logprobs": time.time() - t}, host
 
   def update(self, batch, key, step, by_group):
     return {}, {"actor": self.actor.step(batch, key, by_group)}
 
   def extra_forwards(self) -> int:
-    return (self.rl.old_logprobs == "recompute") + (self.ref_params is not None)
+    return ((self.rl.old_logprobs == "recompute" or self.correction.on)
+            + (self.ref_params is not None))

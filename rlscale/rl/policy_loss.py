@@ -18,7 +18,9 @@ class PolicyLoss:
   extras: `advantages` ([B] per response or [B, N] per token), `old_logp` [B, N] (the
   behaviour policy, the importance-sampling denominator) and, when rl.kl_coef > 0 and
   `kl_in_loss`, `ref_logp` [B, N]. With a proximal policy (TokenInputs.prox_logp) the clip is
-  taken around it (batch-size-invariant PPO).
+  taken around it (batch-size-invariant PPO). With an off-policy correction
+  (rl/off_policy.py) `old_logp` is the trainer's own at the step's start and `is_weight` [B, N]
+  multiplies each token's clipped loss.
 
   `hyper` holds the numbers a sweep varies without changing shapes, as the compiled update's
   arguments (rl/update.make_update): the ratio's clip bounds 1 - clip_eps_low and
@@ -50,6 +52,8 @@ class PolicyLoss:
     else:
       pg, clipped = decoupled_surrogate(inp.logp, behav, inp.prox_logp, adv,
                                         dual_clip=self.dual, bounds=bounds)
+    if "is_weight" in inp.extras:  # rl.off_policy_correction: constant per token
+      pg = pg * inp.extras["is_weight"]
     log_ratio = inp.logp - behav
     ent = inp.entropy
     metrics = {"pg_loss": pg, "clip_frac": clipped.astype(jnp.float32),

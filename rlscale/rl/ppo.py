@@ -18,7 +18,7 @@ from flax import nnx
 
 from rlscale import models
 from rlscale.checkpoints import hf
-from rlscale.rl import algorithm
+from rlscale.rl import algorithm, off_policy
 from rlscale.rl.advantages import gae, token_rewards, whiten
 from rlscale.rl.losses import KL_ESTIMATORS, clipped_value_loss, explained_variance
 from rlscale.rl.policy_loss import make_policy_loss
@@ -132,18 +132,21 @@ class PPO:
     self.advantages = ctx.jit(make_advantages(r), (True,) * 6)
     self.kl_coef = ctx.stack([np.float32(cf.rl.kl_coef) for cf in ctx.configs()])
     self.fold_in = ctx.fold_in
+    self.correction = off_policy.Correction(r, ctx.jit)
 
   def prepare(self, batch, sample_logp, scores):
     """Old values, (reference log-probs), advantages and returns; the stats stay on the device."""
     t = time.time()
     old_logp = sample_logp
-    if self.rl.old_logprobs == "recompute":
+    if self.rl.old_logprobs == "recompute" or self.correction.on:
       old_logp = self.logprobs(self.actor.params, batch)
     values = self.values(self.critic.params, batch)
     ref = self.logprobs(self.ref_params, batch) if self.ref_params is not None else None
     adv, returns, stats = self.advantages(scores, batch.resp_mask, values, old_logp, ref,
                                           self.kl_coef)
     batch.extras.update(advantages=adv, old_logp=old_logp, old_values=values, returns=returns)
+    if self.correction.on:  # the trainer's log-probs anchor the clip; the sampler's weight
+      stats = {**stats, **self.correction.apply(batch, old_logp, sample_logp)}
     jax.block_until_ready(adv)  # the phase's own time; nothing is copied to the host
     return {"logprobs": time.time() - t}, stats
 
@@ -160,4 +163,5 @@ class PPO:
 
   def extra_forwards(self) -> int:
     # The critic's value forward, plus reference and recomputed old log-probs.
-    return 1 + (self.rl.old_logprobs == "recompute") + (self.ref_params is not None)
+    return (1 + (self.rl.old_logprobs == "recompute" or self.correction.on)
+            + (self.ref_params is not None))

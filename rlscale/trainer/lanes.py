@@ -78,8 +78,9 @@ def errors(cfgs: list, workdirs: list[str]) -> list[str]:
                "hosts run the seeds as separate points")
   checks = [
       ("mesh.roles", lambda v: v == "colocated", "'colocated' (split roles are not stacked)"),
-      ("rollout.overlap", lambda v: v is False, "False"),
+      ("rollout.max_staleness", lambda v: v == 0, "0 (each lane samples and trains in step)"),
       ("rollout.dynamic_sampling", lambda v: v is False, "False"),
+      ("rl.off_policy_correction", lambda v: v == "none", "'none'"),
       ("rl.ptx_coef", lambda v: not v, "0 (PPO-ptx's rows are not stacked)"),
       ("init.branch_from", lambda v: not v, "'' (branches are probed one by one)"),
       ("optim.lr_batch", lambda v: v == "nominal", "'nominal'"),

@@ -3,8 +3,9 @@
 Sampling and training share the mesh (mesh.roles='colocated') or have one each ('split',
 rlscale/parallel/roles.py: the weights move to the sampler's mesh after each update, timed as
 `time/weight_sync`). The loop (rlscale/trainer/loop.py) dispatches step N+1's decode before it
-fetches step N's metrics; with rollout.overlap, step N+1's decode is dispatched before step
-N's update, with the weights that sampled step N (one update behind: `rollout/policy_lag`).
+fetches step N's metrics; with rollout.max_staleness = k, the sampler runs k steps ahead: step
+N+k's decode is dispatched before step N's update, with the weights after update N-1, so step
+t trains on responses of the weights after update max(0, t-1-k) (`rollout/policy_lag`).
 This file says what one step is, for every algorithm behind rlscale/rl/algorithm.py. Every
 step records the sample axis (responses and tokens seen), rewards, what the algorithm's models
 report (gradient norms, noise scale, effective hyperparameters), per-phase seconds, throughput
@@ -86,10 +87,11 @@ class RLTrainer:
     self.group_relative = bool(getattr(self.algo, "group_relative", False))
     ro, tok = cfg.rollout, env.task.tokenizer
     self.meshes = env.meshes
-    self.overlap = bool(ro.overlap)
-    self.sync = roles.WeightSync(self.meshes, env.rules, keep_copy=self.overlap)
+    self.staleness = int(ro.max_staleness)
+    # A stale sampler keeps its own copy of the weights: the update donates the trainer's.
+    self.sync = roles.WeightSync(self.meshes, env.rules, keep_copy=self.staleness > 0)
     self.sampler_params = self.sync(self.actor.params)  # the weights that sample, on its mesh
-    self.prefetched: Begun | None = None  # overlap: the next step's decode, dispatched
+    self.ahead: dict[int, Begun] = {}  # max_staleness: later steps' decodes, dispatched
     self.sampler = Sampler(self.graphdef, SamplingParams(
         max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_k=ro.top_k,
         top_p=ro.top_p, eos_ids=tok.eos_ids, pad_id=tok.pad_id, decode_chunk=ro.decode_chunk),
@@ -154,8 +156,8 @@ class RLTrainer:
     for n, m in self.algo.models.items():
       m.state = state[n]
       m.load_noise_state(meta.get("noise", {}).get(n, {}))
-    # The restored weights sample the next step: an overlapped run resumes on-policy (lag 0).
-    self.sampler_params, self.prefetched = self.sync(self.actor.params), None
+    # The restored weights sample the next step: a stale run resumes on-policy (lag 0).
+    self.sampler_params, self.ahead = self.sync(self.actor.params), {}
     self.next_prompt = meta.get("next_prompt")  # None: a run without dynamic sampling
     self.prompt_offset = meta.get("prompt_offset", 0)
     if self.refill is not None:
@@ -175,7 +177,7 @@ class RLTrainer:
       m.state = mine._replace(params=state[n].params, prox=state[n].prox,
                               opt_state=mine.opt_state if fresh
                               else optim.branched(mine.opt_state, state[n].opt_state))
-    self.sampler_params, self.prefetched = self.sync(self.actor.params), None
+    self.sampler_params, self.ahead = self.sync(self.actor.params), {}
     with open(os.path.join(parent, "config.json")) as f:
       parent_p = json.load(f)["rl"]["num_prompts"]
     self.prompt_offset = meta.get("next_prompt") or (meta.get("prompt_offset", 0)
@@ -198,15 +200,22 @@ class RLTrainer:
 
   def begin(self, step: int) -> Begun:
     """This process's prompts (problems [(step-1) P, step P) of the stream, G copies each),
-    and their decode dispatched (with rollout.overlap, by the previous step already)."""
-    if self.prefetched is not None and self.prefetched.step == step:
-      b, self.prefetched = self.prefetched, None
-      return b
+    and their decode dispatched (with rollout.max_staleness, by an earlier step already)."""
+    if step in self.ahead:
+      return self.ahead.pop(step)
     return self._dispatch(step, step - 1)
+
+  def _dispatch_ahead(self, step: int) -> None:
+    """rollout.max_staleness = k: before step `step`'s update, the decodes of the steps up to
+    step + k not yet dispatched, with the sampler's weights of now (those after update
+    step - 1): a step's responses are never more than k updates older than its update."""
+    for later in range(step + 1, min(step + self.staleness, self.plan.num_steps) + 1):
+      if later not in self.ahead:
+        self.ahead[later] = self._dispatch(later, step - 1)
 
   def _dispatch(self, step: int, version: int) -> Begun:
     """Step `step`'s decode with the sampler's current weights, those after step `version`'s
-    update (step - 1 on-policy; step - 2 when an overlapped step - 1 dispatched it)."""
+    update (step - 1 on-policy; earlier when an earlier step dispatched it ahead)."""
     first = self.prompt_offset + (step - 1) * self.plan.num_prompts
     if self.refill is not None:  # round 1; complete() sends the rounds after it
       first = first if self.next_prompt is None else self.next_prompt
@@ -230,9 +239,8 @@ class RLTrainer:
     if self.refill is not None:
       return self._complete_refilled(step, b, t_start)
     toks, rmask = rollout.host_rollout(b.rollout)
-    phases = {"generate": time.time() - max(b.t_dispatch, t_start)}  # overlap: the wait only
-    if self.overlap and step < self.plan.num_steps:  # the sampler's next step, before the update
-      self.prefetched = self._dispatch(step + 1, step - 1)
+    phases = {"generate": time.time() - max(b.t_dispatch, t_start)}  # stale: the wait only
+    self._dispatch_ahead(step)  # the sampler's later steps, before the update
     t = time.time()
     scored = rollout.score_step(self.env.task, b.problems, self.plan.group_size, toks, rmask,
                                 b.prompt_mask, self.group_relative)
@@ -273,8 +281,7 @@ class RLTrainer:
     del first
     self.next_prompt = b.stream_first + f.calls * self.refill.call_prompts
     phases = {"generate": f.generate_s, "reward": time.time() - t - f.generate_s}
-    if self.overlap and step < self.plan.num_steps:  # the sampler's next step, before the update
-      self.prefetched = self._dispatch(step + 1, step - 1)
+    self._dispatch_ahead(step)  # the sampler's next step (max_staleness <= 1), before the update
     g = self.plan.group_size
     ptoks, pmask = rollout.prompts(self.env.task, f.problems, g)
     seq = rollout.sequence_batch(ptoks, pmask, rollout.Responses(f.tokens, f.mask),
@@ -355,9 +362,9 @@ class RLTrainer:
            "throughput/responses_per_s": p.host["rollout/responses_generated"] / wall,
            "flops/step": sum(step_flops.values()),  # model FLOPs: a report's compute axis
            **memory_report.peaks()}  # the run's memory so far (benchmarks give it per phase)
-    # An overlapped step's generate phase is only the wait it caused; so is a refilled
-    # step's (its calls decode while the host scores the one before).
-    waits = self.overlap or self.refill is not None
+    # A stale step's generate phase is only the wait it caused; so is a refilled step's (its
+    # calls decode while the host scores the one before).
+    waits = self.staleness > 0 or self.refill is not None
     if not waits:
       out["throughput/gen_tokens_per_s"] = p.host["response_tokens"] / p.phases["generate"]
     if self.peak:

@@ -98,7 +98,7 @@ def test_a_kill_in_a_refill_round_resumes_bit_exactly(straight, tiny_sft_base, t
 
 @pytest.mark.slow(seconds=40)
 def test_split_roles_with_overlap(tiny_sft_base, tmp_path):
-  cfg = ds_config(tiny_sft_base, steps=3, overlap=True)
+  cfg = ds_config(tiny_sft_base, steps=3, max_staleness=1)
   with cfg.unlocked():
     cfg.mesh.roles, cfg.mesh.sampler_devices = "split", 4
     cfg.mesh.sampler_shape = (-1, 1, 1)

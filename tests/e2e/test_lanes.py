@@ -188,8 +188,8 @@ def test_configs_that_cannot_run_side_by_side_are_refused_in_one_line(tmp_path):
   with pytest.raises(ConfigError, match="rl.kl_coef: 0.0 in .* 0.1 in .* which removes a term"):
     train.main_lanes(cfgs, dirs)
   with cfgs[0].unlocked():
-    cfgs[0].rollout.overlap = True
-  with pytest.raises(ConfigError, match="rollout.overlap=True: runs side by side need False"):
+    cfgs[0].rollout.max_staleness = 1
+  with pytest.raises(ConfigError, match="rollout.max_staleness=1: runs side by side need 0"):
     train.main_lanes(cfgs[:1], dirs[:1])
   with pytest.raises(ConfigError, match=r"put \{seed\} in it"):
     train.lane_configs(cfg, [0, 1], workdir=str(tmp_path / "one"))

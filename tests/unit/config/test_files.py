@@ -117,7 +117,7 @@ def test_a_run_from_before_an_added_field_resumes_with_its_old_behaviour(tmp_pat
   with open(tmp_path / "config.json") as f:
     old = json.load(f)
   for section, field in (("mesh", "roles"), ("mesh", "sampler_devices"),
-                         ("mesh", "sampler_shape"), ("rollout", "overlap"),
+                         ("mesh", "sampler_shape"), ("rollout", "max_staleness"),
                          ("train", "shared_prompt")):
     del old[section][field]
   with open(tmp_path / "config.json", "w") as f:
@@ -129,8 +129,8 @@ def test_a_run_from_before_an_added_field_resumes_with_its_old_behaviour(tmp_pat
   # train.shared_prompt (filled False) and rollout.decode_chunk (64) against 'auto': the same
   # numbers computed another way, free to change on resume.
   experiment.check_resume(str(tmp_path), cfg)
-  cfg.rollout.overlap = True
-  with pytest.raises(ConfigError, match=r"rollout.overlap: False -> True"):
+  cfg.rollout.max_staleness = 1
+  with pytest.raises(ConfigError, match=r"rollout.max_staleness: 0 -> 1"):
     experiment.check_resume(str(tmp_path), cfg)
 
 

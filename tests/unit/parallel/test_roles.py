@@ -70,13 +70,14 @@ def test_weight_sync_moves_the_weights_to_the_samplers_mesh_unchanged():
     assert "tensor" in str(embed.get_value().sharding.spec)
 
 
-def test_overlap_with_recomputed_old_logprobs_is_refused():
+def test_a_stale_sampler_with_recomputed_old_logprobs_is_refused():
   from rlscale.config import files as config_files
   from rlscale.resolve import resolved
   cfg = config_files.load(os.path.join(REPO, "configs", "grpo.py:tiny"))
   with cfg.unlocked():
-    cfg.rollout.overlap, cfg.rl.old_logprobs = True, "recompute"
-  with pytest.raises(ConfigError, match=r"rollout.overlap=True with rl.old_logprobs='recompute'"):
+    cfg.rollout.max_staleness, cfg.rl.old_logprobs = 1, "recompute"
+  with pytest.raises(ConfigError,
+                     match=r"rollout.max_staleness=1 with rl.old_logprobs='recompute'"):
     resolved.validate(cfg)
 
 
@@ -159,7 +160,7 @@ def test_overlapped_generation_trains_one_step_off_policy(tmp_path, grpo_single_
   """Step 1 samples with the base either way (the same numbers as on-policy); step 2's
   responses were sampled before step 1's update: lag 1, and other responses."""
   from rlscale.run import train
-  changes = {"rollout.overlap": True}
+  changes = {"rollout.max_staleness": 1}
   if layout == "split":
     changes.update({"mesh.roles": "split", "mesh.sampler_devices": 4})
   run_dir = str(tmp_path / layout)

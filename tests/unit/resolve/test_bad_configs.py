@@ -134,6 +134,11 @@ BAD = [
                                                          "rl.group_size": 1}),
     row("grpo.py", "rollout.dynamic_sampling", "yes", "rollout.dynamic_sampling='yes' must be True"),
     row("grpo.py", "rollout.max_rounds", 0, "rollout.max_rounds=0 must be a positive integer"),
+    row("grpo.py", "rollout.max_staleness", -1, "rollout.max_staleness=-1 must be an integer >= 0"),
+    row("grpo.py", "rl.off_policy_correction", "vtrace",
+        "rl.off_policy_correction='vtrace'; known: none, tis, mis, decoupled"),
+    row("ppo.py", "rl.off_policy_correction", "tis", "rl.is_cap=0.5 must be a finite number > 1",
+        also={"rl.is_cap": 0.5}),
     row("grpo.py", "rollout.filter_min_std", -0.1, "rollout.filter_min_std=-0.1 must be >= 0"),
     row("grpo.py", "rollout.oversample", 0.5, "rollout.oversample=0.5 must be 'auto' or a number"),
     row("grpo.py", "rollout.generation_batch", 8, "rollout.dynamic_sampling=True decodes whole "

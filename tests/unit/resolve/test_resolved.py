@@ -36,11 +36,11 @@ def test_a_bad_config_fails_in_the_resolve_step_naming_the_field():
 def test_fields_an_old_config_lacks_get_the_value_its_run_used():
   cfg = config_files.load("configs/ppo.py:tiny")
   with cfg.unlocked():
-    del cfg.rollout["overlap"], cfg.critic.optim["state_dtype"], cfg.train["logprob_chunk"]
+    del cfg.rollout["max_staleness"], cfg.critic.optim["state_dtype"], cfg.train["logprob_chunk"]
   filled = defaults.fill(cfg)
-  assert filled.rollout.overlap is False and filled.critic.optim.state_dtype == ""
+  assert filled.rollout.max_staleness == 0 and filled.critic.optim.state_dtype == ""
   assert filled.train.logprob_chunk == 0  # what runs before the field did: the whole vocabulary
-  assert "overlap" not in cfg.rollout  # a copy: the caller's config is left as it was
+  assert "max_staleness" not in cfg.rollout  # a copy: the caller's config is left as it was
   assert defaults.fill(filled) is filled  # nothing missing: the same object
   sft = ml_collections.ConfigDict({"train": {"num_steps": 1}})
   assert "rl" not in defaults.fill(sft)  # absent sections stay absent

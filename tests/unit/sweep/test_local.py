@@ -70,7 +70,8 @@ def test_bad_sweeps_are_refused_naming_the_field(sweep, message):
 def test_shipped_sweeps_are_valid():
   """Every sweep of every shipped config names real fields and distinct run directories."""
   for config, names in [("configs/grpo.py", ("batch_invariance", "group_vs_prompts",
-                                             "generation_batch", "overlap", "dynamic_sampling")),
+                                             "generation_batch", "overlap", "staleness",
+                                             "dynamic_sampling")),
                         ("configs/grpo_chain_sum.py", ("dynamic_sampling",)),
                         ("configs/ppo.py", ("actor_critic",))]:
     for arg in ("", ":tiny"):

@@ -1,0 +1,108 @@
+"""Corrections for responses sampled by an older policy (rollout.max_staleness, or a sampler
+whose numerics differ from the trainer's): `rl.off_policy_correction`.
+
+Three policies enter: pi_behav, the sampler's weights that drew the responses (their log-probs
+recorded while sampling); pi_old, the trainer's weights at the start of the step (its
+log-probs recomputed by one forward pass); pi, the weights being trained. Every correction
+clips the ratio pi / pi_old (the clip anchor is the trainer's own policy, as AReaL's proximal
+policy) and multiplies each token's clipped loss by a weight w built from
+r = pi_old / pi_behav, held constant (it does not depend on the weights trained):
+
+- "tis", truncated importance sampling (Yao et al. 2025; verl, OpenRLHF, Tunix, Marin):
+  w = min(r, cap), token by token.
+- "mis", sequence-masked IS (NeMo-RL's and OpenRLHF's seq-mask-tis, slime's MIS): a response
+  whose geometric-mean ratio exp(mean over its tokens of log r) lies outside
+  [1 / threshold, threshold] gets w = 0 on every token; the others w = min(r, cap).
+- "decoupled", decoupled PPO (Fu et al. 2025, AReaL): w = r where r <= cap, and 0 where it
+  exceeds the cap (AReaL masks such tokens rather than truncating them).
+
+"none" trains with the sampler's log-probs as the clip anchor and no weight (the on-policy
+loss applied as it is). The weights are computed once per step, before the update, over the
+unpacked [B, N] response tokens: a packed layout carries them as it carries every per-token
+input.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+
+CORRECTIONS = ("none", "tis", "mis", "decoupled")
+
+
+def weights(mode: str, old_logp, behav_logp, mask, cap: float, threshold: float):
+  """(w [B, N], metrics): the correction's per-token weight (0 off the response tokens) and
+  what it did, as token means over the response tokens: off_policy/is_ratio (r's mean),
+  is_ratio_max, changed_frac (the tokens whose weight is not r: truncated or masked),
+  mismatch_kl (KL(pi_behav || pi_old), the k3 estimate r - 1 - log r on the behaviour's
+  samples) and, for "mis", masked_responses (the fraction of responses masked)."""
+  if mode not in CORRECTIONS[1:]:
+    raise ValueError(f"off-policy correction {mode!r}; known: {', '.join(CORRECTIONS[1:])}")
+  m = mask.astype(jnp.float32)
+  log_r = jnp.where(mask, old_logp - behav_logp, 0.0)
+  r = jnp.exp(log_r)
+  if mode == "tis":
+    w = jnp.minimum(r, cap)
+  elif mode == "decoupled":
+    w = jnp.where(r <= cap, r, 0.0)
+  else:  # mis
+    tokens = jnp.sum(m, axis=-1)
+    mean_log_r = jnp.sum(log_r, axis=-1) / jnp.maximum(tokens, 1.0)
+    keep = jnp.abs(mean_log_r) <= math.log(threshold)
+    w = jnp.where(keep[:, None], jnp.minimum(r, cap), 0.0)
+  w = w * m
+  n = jnp.maximum(jnp.sum(m), 1.0)
+  mean = lambda x: jnp.sum(x * m) / n  # noqa: E731
+  metrics = {"off_policy/is_ratio": mean(r),
+             "off_policy/is_ratio_max": jnp.max(jnp.where(mask, r, 0.0)),
+             "off_policy/changed_frac": mean((w != r).astype(jnp.float32)),
+             "off_policy/mismatch_kl": mean(r - 1.0 - log_r)}
+  if mode == "mis":
+    live = tokens > 0
+    metrics["off_policy/masked_responses"] = (
+        jnp.sum(jnp.where(live & ~keep, 1.0, 0.0)) / jnp.maximum(jnp.sum(live), 1))
+  return w, metrics
+
+
+def errors(rl) -> list[str]:
+  """The correction's fields: a known mode, cap > 1 and threshold > 1 where they are used, and
+  the behaviour's log-probs from the sampler (the correction recomputes the trainer's)."""
+  mode = rl.get("off_policy_correction", "none")
+  if mode not in CORRECTIONS:
+    return [f"rl.off_policy_correction={mode!r}; known: {', '.join(CORRECTIONS)}"]
+  if mode == "none":
+    return []
+  out = []
+  for field in ("is_cap",) + (("mis_threshold",) if mode == "mis" else ()):
+    v = rl.get(field)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 1 or math.isinf(v):
+      out.append(f"rl.{field}={v!r} must be a finite number > 1 (rl.off_policy_correction="
+                 f"{mode!r})")
+  if rl.old_logprobs != "sampler":
+    out.append(f"rl.off_policy_correction={mode!r} with rl.old_logprobs={rl.old_logprobs!r}: "
+               "the correction's denominator is the sampler's log-probs and it recomputes "
+               "the trainer's itself; use rl.old_logprobs='sampler'")
+  return out
+
+
+class Correction:
+  """A step's correction: `apply(batch, old_logp, behav_logp)` puts the clip anchor and the
+  weights in the batch's extras and returns the metrics (on the device)."""
+
+  def __init__(self, rl, jit):
+    """`jit(fn, lane_args)`: the algorithm's compile (algorithm.Context.jit)."""
+    self.mode = rl.get("off_policy_correction", "none")
+    if self.on:
+      cap, threshold = float(rl.is_cap), float(rl.get("mis_threshold", 2.0))
+      self._weights = jit(lambda old, behav, mask: weights(self.mode, old, behav, mask, cap,
+                                                           threshold), (True, True, True))
+
+  @property
+  def on(self) -> bool:
+    return self.mode != "none"
+
+  def apply(self, batch, old_logp, behav_logp) -> dict:
+    w, metrics = self._weights(old_logp, behav_logp, batch.resp_mask)
+    batch.extras.update(old_logp=old_logp, is_weight=w)
+    return metrics

@@ -1,0 +1,174 @@
+"""rollout.max_staleness: a fixed lag between the weights that sample a step and the weights it
+trains (rlscale/trainer/rl_trainer.py).
+
+k = 1 is the overlapped generation it replaced (rollout.overlap=True). Its golden rows below
+were recorded from that code (commit 5758925) before the change, on the tests' 8 simulated CPU
+devices: the tiny GRPO run of tests/support/workers/two_process_rl.py for 4 steps, colocated
+and with dynamic sampling. Tolerance as the split-vs-colocated comparison (rtol 1e-4, atol
+1e-6: float32 reductions may differ between CPU instruction sets); integers (tokens, lags,
+counters) exactly. To record them again (only from code whose k = 1 is known right):
+XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \\
+    python -m tests.unit.trainer.test_staleness
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from tests.support import REPO
+
+GOLDEN = os.path.join(REPO, "tests", "support", "fixtures", "staleness_k1_golden.json")
+MACHINE = ("time/", "memory/", "throughput/", "mfu/", "wall_time")  # not the computation's
+RTOL, ATOL = 1e-4, 1e-6
+STEPS = 4
+VARIANTS = {"colocated": "grpo.py", "dynamic_sampling": "grpo.py+ds"}
+
+
+def _config(variant: str, cache_dir: str, **changes):
+  from tests.support.workers import two_process_rl
+  cfg = two_process_rl.config(VARIANTS[variant], cache_dir)
+  with cfg.unlocked():
+    cfg.train.num_steps, cfg.train.eval_every, cfg.train.checkpoint_every = STEPS, 2, 2
+    for k, v in changes.items():
+      section, field = k.split(".")
+      cfg[section][field] = v
+  return cfg
+
+
+def _rows(run_dir: str) -> list[dict]:
+  with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  return [{k: v for k, v in r.items() if not k.startswith(MACHINE)
+           and isinstance(v, (int, float)) and not isinstance(v, bool)} for r in rows]
+
+
+def _run(variant: str, cache_dir: str, run_dir: str, **changes) -> list[dict]:
+  from rlscale.run import train
+  train.main(_config(variant, cache_dir, **changes), run_dir)
+  return _rows(run_dir)
+
+
+def assert_rows_match(got: list[dict], want: list[dict], what: str) -> None:
+  assert len(got) == len(want), (what, len(got), len(want))
+  for g, w in zip(got, want):
+    assert set(w) <= set(g), (what, w.get("step"), sorted(set(w) - set(g)))
+    for k, v in w.items():
+      if isinstance(v, int):
+        assert g[k] == v, (what, w.get("step"), k, g[k], v)
+      else:
+        assert np.isclose(g[k], v, rtol=RTOL, atol=ATOL, equal_nan=True), (
+            what, w.get("step"), k, g[k], v)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_sft_base):
+  """The tiny run at k = 0 (and without the field: the synchronous default), 1, 4, colocated;
+  k = 1 with dynamic sampling."""
+  tmp = tmp_path_factory.mktemp("staleness")
+  out = {"default": _run("colocated", tiny_sft_base, str(tmp / "default"))}
+  for k in (0, 1, 4):
+    out[k] = _run("colocated", tiny_sft_base, str(tmp / f"k{k}"), **{"rollout.max_staleness": k})
+  out["ds1"] = _run("dynamic_sampling", tiny_sft_base, str(tmp / "ds1"),
+                    **{"rollout.max_staleness": 1})
+  return out
+
+
+@pytest.mark.slow(seconds=60)
+def test_k1_is_the_overlapped_generation_it_replaced(runs):
+  with open(GOLDEN) as f:
+    golden = json.load(f)
+  assert_rows_match(runs[1], golden["colocated"], "colocated, k = 1")
+  assert_rows_match(runs["ds1"], golden["dynamic_sampling"], "dynamic sampling, k = 1")
+
+
+@pytest.mark.slow(seconds=60)
+def test_k0_is_the_synchronous_loop_bit_for_bit(runs):
+  assert runs[0] == runs["default"]
+  assert [r.get("rollout/policy_lag") for r in runs[0]] == [None] + [0] * STEPS
+
+
+@pytest.mark.slow(seconds=60)
+def test_no_step_trains_on_responses_more_than_k_updates_old(runs):
+  """Step t samples with the weights after update max(0, t - 1 - k): lags 0, 1, ..., k, k."""
+  lags = [r["rollout/policy_lag"] for r in runs[4][1:]]
+  assert lags == [min(4, t - 1) for t in range(1, STEPS + 1)] and max(lags) <= 4
+  assert [r["rollout/policy_lag"] for r in runs[1][1:]] == [0] + [1] * (STEPS - 1)
+  # Step 1 samples with the base at every k: the same responses and update.
+  for k in (1, 4):
+    assert runs[k][1]["response_tokens"] == runs[0][1]["response_tokens"]
+    assert np.isclose(runs[k][1]["actor/grad_norm"], runs[0][1]["actor/grad_norm"],
+                      rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.slow(seconds=60)
+@pytest.mark.parametrize("correction", ["tis", "mis", "decoupled"])
+def test_each_correction_runs_stale_and_records_what_it_did(tmp_path, tiny_sft_base, correction):
+  """k = 2 with a correction: the trainer's log-probs recomputed, the weights' statistics
+  logged every step, and after the first step nothing compiles again."""
+  run_dir = str(tmp_path / correction)
+  rows = _run("colocated", tiny_sft_base, run_dir, **{"rollout.max_staleness": 2,
+                                                      "rl.off_policy_correction": correction})
+  for r in rows[1:]:
+    for k in ("is_ratio", "is_ratio_max", "changed_frac", "mismatch_kl"):
+      assert np.isfinite(r[f"off_policy/{k}"]), (r["step"], k)
+    assert 0 <= r["off_policy/changed_frac"] <= 1 and r["off_policy/mismatch_kl"] >= -1e-6
+  assert rows[1]["off_policy/is_ratio"] == pytest.approx(1.0, abs=1e-3)  # lag 0: pi_old = pi_behav
+  assert [r["rollout/policy_lag"] for r in rows[1:]] == [0, 1, 2, 2]
+  with open(os.path.join(run_dir, "summary.json")) as f:
+    compilations = json.load(f)["compilations"]
+  assert compilations["actor"] == 1 and compilations["sampler"] == 1, compilations
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"rollout.max_staleness": -1}, "rollout.max_staleness=-1 must be an integer >= 0"),
+    ({"rollout.max_staleness": 2, "rl.old_logprobs": "recompute"},
+     "rollout.max_staleness=2 with rl.old_logprobs='recompute'"),
+    ({"rollout.max_staleness": 2, "rollout.dynamic_sampling": True},
+     "rollout.max_staleness=2 with rollout.dynamic_sampling=True"),
+])
+def test_a_bad_staleness_is_one_line_naming_the_field(changes, message):
+  from rlscale.config import fields
+  from rlscale.config import files as config_files
+  cfg = config_files.load(os.path.join(REPO, "configs", "grpo.py:tiny"))
+  with cfg.unlocked():
+    for k, v in changes.items():
+      section, field = k.split(".")
+      cfg[section][field] = v
+  errors = fields.check(cfg)
+  assert any(message in e for e in errors), errors
+
+
+def test_an_old_configs_overlap_reads_as_max_staleness():
+  """rollout.overlap (before max_staleness existed) migrates: True is k = 1, False k = 0; a run
+  directory's config.json (nested or flattened) reads the same."""
+  import ml_collections
+  from rlscale.config import defaults
+  for overlap, k in ((True, 1), (False, 0)):
+    old = ml_collections.ConfigDict({"rollout": {"overlap": overlap, "temperature": 1.0}})
+    new = defaults.fill(old)
+    assert new.rollout.max_staleness == k and "overlap" not in new.rollout
+    assert "overlap" in old.rollout  # a copy: the caller's config is left as it was
+    assert defaults.fill_json({"rollout": {"overlap": overlap}})["rollout"]["max_staleness"] == k
+    flat = defaults.fill_dict({"rollout.overlap": overlap})
+    assert flat["rollout.max_staleness"] == k and "rollout.overlap" not in flat
+  assert defaults.fill_json({"rollout": {}})["rollout"]["max_staleness"] == 0
+
+
+if __name__ == "__main__":  # record the golden rows (see the module's docstring)
+  import tempfile
+  from absl import logging
+  logging.set_verbosity(logging.WARNING)
+  tmp = tempfile.mkdtemp()
+  cache = os.path.join(tmp, "cache")
+  golden = {v: _run(v, cache, os.path.join(tmp, v), **{"rollout.overlap": True})
+            for v in VARIANTS}
+  with open(GOLDEN, "w") as f:
+    json.dump(golden, f, indent=1, sort_keys=True)
+    f.write("\n")
+  print(f"wrote {GOLDEN}: " + ", ".join(f"{v} {len(r)} rows" for v, r in golden.items()),
+        file=sys.stderr)
