@@ -109,10 +109,17 @@ def _finite_leaves(state):
 
 
 def non_finite_leaves(state) -> list[str]:
-  """Paths of the state's arrays that hold a NaN or an Inf (one boolean per array fetched)."""
-  flags = jax.device_get(_finite_leaves(state))
-  return [jax.tree_util.keystr(path) for path, ok in jax.tree_util.tree_flatten_with_path(flags)[0]
-          if not ok]
+  """Paths of the state's arrays that hold a NaN or an Inf (one boolean per array fetched).
+  A dict's entries are checked one by one: they may lie on different meshes (split roles: the
+  models on the trainer's devices, the decodes in flight on the sampler's)."""
+  parts = state.items() if isinstance(state, dict) else [(None, state)]
+  out = []
+  for key, part in parts:
+    flags = jax.device_get(_finite_leaves(part))
+    prefix = "" if key is None else f"[{key!r}]"
+    out += [prefix + jax.tree_util.keystr(path)
+            for path, ok in jax.tree_util.tree_flatten_with_path(flags)[0] if not ok]
+  return out
 
 
 class Loop:

@@ -43,9 +43,11 @@ from rlscale.metrics.writer import write_json
 from rlscale.rl import algorithm
 from rlscale.rl import optim
 from rlscale.sampling import Sampler, SamplingParams, generate
+from rlscale.sampling.decode import Rollout
 from rlscale.metrics import summary
 
 EVAL_KEY = 2 * 10**6  # evaluation keys are fold_in(seed key, EVAL_KEY + step)
+IN_FLIGHT = "in_flight"  # a checkpoint's decodes in flight (rollout.max_staleness)
 
 
 @dataclasses.dataclass
@@ -150,14 +152,46 @@ class RLTrainer:
   # --- checkpointed state ---
 
   def state(self):
-    return {n: m.state for n, m in self.algo.models.items()}
+    """Every model's state and, with rollout.max_staleness = k, the k decodes in flight after
+    the step (IN_FLIGHT slots: a resume trains on the responses the run would have)."""
+    out = {n: m.state for n, m in self.algo.models.items()}
+    if self._slots():
+      out[IN_FLIGHT] = {str(i): b.rollout for i, b in enumerate(self._in_flight())}
+      blank = self._blank_rollout()
+      for i in range(len(out[IN_FLIGHT]), self._slots()):
+        out[IN_FLIGHT][str(i)] = blank
+    return out
+
+  def _slots(self) -> int:
+    """Decodes in flight a checkpoint keeps: k, except with dynamic sampling (its first round
+    is a set of calls: a resume samples it anew, with the restored weights)."""
+    return self.staleness if self.refill is None else 0
+
+  def _in_flight(self) -> list[Begun]:
+    return [self.ahead[s] for s in sorted(self.ahead)]
+
+  def _blank_rollout(self):
+    """An empty slot of IN_FLIGHT (the restore's target of a slot the step did not fill)."""
+    if getattr(self, "_blank", None) is None:
+      rows = (self.rows.stop - self.rows.start) * self.plan.group_size  # this process's
+      n = self.cfg.rollout.max_new_tokens
+      put = lambda x: sharding.put_batch(x, self.meshes.sampler, self.env.rules)  # noqa: E731
+      self._blank = Rollout(
+          put(np.zeros((rows, n), np.int32)), put(np.zeros((rows, n), np.float32)),
+          put(np.zeros((rows, n), np.float32)), put(np.zeros((rows, n), bool)),
+          put(np.zeros((rows,), np.int32)),
+          jax.device_put(np.int32(0), sharding.replicated(self.meshes.sampler)))
+    return self._blank
 
   def load(self, state, meta: dict[str, Any]) -> None:
     for n, m in self.algo.models.items():
       m.state = state[n]
       m.load_noise_state(meta.get("noise", {}).get(n, {}))
-    # The restored weights sample the next step: a stale run resumes on-policy (lag 0).
     self.sampler_params, self.ahead = self.sync(self.actor.params), {}
+    # The decodes in flight at the save, as they were sampled (a run without them, or with
+    # dynamic sampling, samples the next steps with the restored weights: lag 0 again).
+    for i, (step, version) in enumerate(meta.get("in_flight", [])):
+      self.ahead[step] = self._begun(step, version, state[IN_FLIGHT][str(i)], time.time())
     self.next_prompt = meta.get("next_prompt")  # None: a run without dynamic sampling
     self.prompt_offset = meta.get("prompt_offset", 0)
     if self.refill is not None:
@@ -185,6 +219,8 @@ class RLTrainer:
 
   def meta(self) -> dict[str, Any]:
     out = {"noise": {n: m.noise_state() for n, m in self.algo.models.items()}}
+    if self._slots() and self.ahead:  # [step, the weights' version] of each IN_FLIGHT slot
+      out["in_flight"] = [[b.step, b.version] for b in self._in_flight()]
     if self.prompt_offset:
       out["prompt_offset"] = self.prompt_offset
     if self.refill is not None:  # the prompt stream's position and the filtered fraction
@@ -223,12 +259,19 @@ class RLTrainer:
       calls = self.refill.first_round(self.sampler_params,
                                       jax.random.fold_in(self.step_key(step), 0), first)
       return Begun(step, [], None, None, calls, t, version, first)
+    begun = self._begun(step, version, None, 0.0)
+    begun.t_dispatch = time.time()
+    begun.rollout = generate(self.sampler, self.sampler_params, begun.prompt_tokens,
+                             begun.prompt_mask, jax.random.fold_in(self.step_key(step), 0),
+                             self.plan.generation_batch,
+                             group_size=self.plan.group_size)  # G copies prefill once
+    return begun
+
+  def _begun(self, step: int, version: int, out, t: float) -> Begun:
+    """Step `step`'s prompts (this process's) around the decode `out`."""
+    first = self.prompt_offset + (step - 1) * self.plan.num_prompts
     problems = self.env.task.problems(first + self.rows.start, self.rows.stop - self.rows.start)
     ptoks, pmask = rollout.prompts(self.env.task, problems, self.plan.group_size)
-    t = time.time()
-    out = generate(self.sampler, self.sampler_params, ptoks, pmask,
-                   jax.random.fold_in(self.step_key(step), 0), self.plan.generation_batch,
-                   group_size=self.plan.group_size)  # the G copies of a prompt prefill once
     return Begun(step, problems, ptoks, pmask, out, t, version)
 
   def step_key(self, step: int) -> jax.Array:

@@ -105,6 +105,29 @@ def test_no_step_trains_on_responses_more_than_k_updates_old(runs):
                       rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.slow(seconds=40)
+def test_a_stale_run_killed_after_a_save_resumes_bit_for_bit(runs, tiny_sft_base, tmp_path,
+                                                             monkeypatch):
+  """k = 4, saved at step 2 with the decodes of steps 3 and 4 in flight (sampled by the weights
+  after updates 0 and 1), killed at step 3: the resumed run trains on those very responses
+  and its rows are the unbroken run's, bit for bit (CPU)."""
+  from rlscale.trainer import rl_trainer
+  real = rl_trainer.RLTrainer.complete
+
+  def dies_at_step_3(self, step, *a, **kw):
+    if step == 3:
+      raise KeyboardInterrupt
+    return real(self, step, *a, **kw)
+  monkeypatch.setattr(rl_trainer.RLTrainer, "complete", dies_at_step_3)
+  run_dir = str(tmp_path / "resumed")
+  with pytest.raises(KeyboardInterrupt):
+    _run("colocated", tiny_sft_base, run_dir, **{"rollout.max_staleness": 4})
+  monkeypatch.setattr(rl_trainer.RLTrainer, "complete", real)
+  resumed = _run("colocated", tiny_sft_base, run_dir, **{"rollout.max_staleness": 4})
+  assert [r["rollout/policy_lag"] for r in resumed[1:]] == [0, 1, 2, 3]
+  assert resumed == runs[4]
+
+
 @pytest.mark.slow(seconds=60)
 @pytest.mark.parametrize("correction", ["tis", "mis", "decoupled"])
 def test_each_correction_runs_stale_and_records_what_it_did(tmp_path, tiny_sft_base, correction):
