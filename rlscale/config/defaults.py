@@ -61,16 +61,22 @@ def _expanded() -> dict:
 EXPANDED = _expanded()  # "critic.optim.b1" as well as "optim.b1"
 
 
+def _section(cfg, section: str):
+  """The node of a dotted `section` of `cfg`, None where it is absent."""
+  node = cfg
+  for part in section.split("."):
+    node = node[part] if _has(node, part) else None
+    if node is None:
+      return None
+  return node
+
+
 def missing(cfg) -> dict:
   """{dotted field: default} of the fields `cfg`'s sections lack (absent sections stay absent)."""
   out = {}
   for key, value in EXPANDED.items():
     section, _, field = key.rpartition(".")
-    node = cfg
-    for part in section.split("."):
-      node = node[part] if _has(node, part) else None
-      if node is None:
-        break
+    node = _section(cfg, section)
     if node is not None and not _has(node, field):
       out[key] = value
   return out
@@ -88,11 +94,7 @@ def _renamed(cfg) -> list[tuple[str, str, object]]:
   out = []
   for old in RENAMED:
     section, _, field = old.rpartition(".")
-    node = cfg
-    for part in section.split("."):
-      node = node[part] if _has(node, part) else None
-      if node is None:
-        break
+    node = _section(cfg, section)
     if node is not None and _has(node, field):
       out.append((section, field, node[field]))
   return out
@@ -106,9 +108,7 @@ def fill(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     cfg = copy.deepcopy(cfg)
     with cfg.unlocked():
       for section, field, value in renamed:
-        node = cfg
-        for part in section.split("."):
-          node = node[part]
+        node = _section(cfg, section)
         new, convert = RENAMED[f"{section}.{field}"]
         with node.unlocked():
           del node[field]
