@@ -94,6 +94,7 @@ class RLTrainer:
     self.sync = roles.WeightSync(self.meshes, env.rules, keep_copy=self.staleness > 0)
     self.sampler_params = self.sync(self.actor.params)  # the weights that sample, on its mesh
     self.ahead: dict[int, Begun] = {}  # max_staleness: later steps' decodes, dispatched
+    self._blank: Rollout | None = None  # an empty IN_FLIGHT slot, made once
     self.sampler = Sampler(self.graphdef, SamplingParams(
         max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_k=ro.top_k,
         top_p=ro.top_p, eos_ids=tok.eos_ids, pad_id=tok.pad_id, decode_chunk=ro.decode_chunk),
@@ -172,7 +173,7 @@ class RLTrainer:
 
   def _blank_rollout(self):
     """An empty slot of IN_FLIGHT (the restore's target of a slot the step did not fill)."""
-    if getattr(self, "_blank", None) is None:
+    if self._blank is None:
       rows = (self.rows.stop - self.rows.start) * self.plan.group_size  # this process's
       n = self.cfg.rollout.max_new_tokens
       put = lambda x: sharding.put_batch(x, self.meshes.sampler, self.env.rules)  # noqa: E731
@@ -190,7 +191,7 @@ class RLTrainer:
     self.sampler_params, self.ahead = self.sync(self.actor.params), {}
     # The decodes in flight at the save, as they were sampled (a run without them, or with
     # dynamic sampling, samples the next steps with the restored weights: lag 0 again).
-    for i, (step, version) in enumerate(meta.get("in_flight", [])):
+    for i, (step, version) in enumerate(meta.get(IN_FLIGHT, [])):
       self.ahead[step] = self._begun(step, version, state[IN_FLIGHT][str(i)], time.time())
     self.next_prompt = meta.get("next_prompt")  # None: a run without dynamic sampling
     self.prompt_offset = meta.get("prompt_offset", 0)
@@ -220,7 +221,7 @@ class RLTrainer:
   def meta(self) -> dict[str, Any]:
     out = {"noise": {n: m.noise_state() for n, m in self.algo.models.items()}}
     if self._slots() and self.ahead:  # [step, the weights' version] of each IN_FLIGHT slot
-      out["in_flight"] = [[b.step, b.version] for b in self._in_flight()]
+      out[IN_FLIGHT] = [[b.step, b.version] for b in self._in_flight()]
     if self.prompt_offset:
       out["prompt_offset"] = self.prompt_offset
     if self.refill is not None:  # the prompt stream's position and the filtered fraction
