@@ -28,16 +28,17 @@ import time
 
 from analysis import figures
 from analysis import report_md
-from analysis.sections import decision, fitted, questions, rules, system
+from analysis.sections import decision, fitted, questions, rules, staleness, system
 from analysis.sections.types import Section
 from analysis import study_table
 from analysis.runs import AXES, GENERATED
 
 # Every section, most important first; the two marked `lead` (design, questions) are written
-# right after the verdict (report_md.write).
+# right after the verdict (report_md.write). A section that returns None has nothing to say on
+# these runs and is left out (staleness: runs of one rollout.max_staleness).
 SECTIONS = (decision.decision, decision.invariance, rules.learning_rate, fitted.critical_batch,
             rules.pairs, system.actor_critic, fitted.compute_curves, system.timing,
-            decision.design, questions.questions)
+            staleness.staleness, decision.design, questions.questions)
 
 
 def _floats(text: str) -> list[float]:
@@ -82,7 +83,8 @@ def _sections(study, table) -> list:
       sec = Section(fn.__name__.replace("_", " "),
                                     skipped=f"failed to compute ({msg}).")
     done[fn.__name__] = sec
-    out.append(sec)
+    if sec is not None:
+      out.append(sec)
   return out
 
 

@@ -142,15 +142,18 @@ def _heatmap(table: pd.DataFrame) -> Figure | None:
 
 
 def invariance_rows(study: st.Study, table: pd.DataFrame, tolerance: float, band: float,
-                    target: float | None = None, curves: bool = True) -> pd.DataFrame:
+                    target: float | None = None, curves: bool = True,
+                    series: list[se.Series] | None = None) -> pd.DataFrame:
   """Per series and B: the responses-to-target ratio to the series' reference (95% interval,
   and one-sided 95% bounds), the curve test against the reference's seeds
   (analysis/curve_test.py, at the bracket's level), steps to target, and whether the batch is
   settled invariant or settled broken (analysis/bracket.py); `invariant` is the point
   estimate's test (ratio at most 1 + tolerance and no curve break), kept for the
-  sensitivity table. `curves=False` skips the curve test (a sensitivity sweep)."""
+  sensitivity table. `curves=False` skips the curve test (a sensitivity sweep). `series`: the
+  series to read (default: the study's, study_series; sections/staleness.py passes one per
+  rollout.max_staleness)."""
   out = []
-  for s in study_series(study, table):
+  for s in study_series(study, table) if series is None else series:
     ref_seeds = ct.seed_curves(study, s.reference) if curves else []
     ref_e = st.seed_values(study, s.reference, target=target)
     reached = bool(ref_e.size) and np.isfinite(np.median(ref_e))
