@@ -143,8 +143,27 @@ def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
       sw.fixed(**{**base, "responses": 64 if tiny else 2560, "optim.lr_scaling": "sqrt",
                   "lr": LR0, "target.value": 0.41,
                   "train.eval_every_responses": 16 if tiny else 128}))
+  # The staleness bound against the batch (rollout.max_staleness = k): k = 0, 1, 2, 4, 8 at
+  # B = 16 (the reference), 64 and 256, without a correction and with each of tis, mis and
+  # decoupled PPO, 5 seeds (100-104), each P at the rate the CPU study chose for it and to the
+  # study's target (0.51): does staleness cost responses to target, does a correction remove
+  # the cost, and does it move where invariance breaks? (255 runs; the report's Staleness
+  # section reads it.)
+  stale_p = [1, 2] if tiny else [2, 8, 32]
+  stale_lr = {1: 1e-4, 2: 1.41e-4, 8: 2e-4, 32: 4e-4}
+  stale_each = sw.zip_axes({"p": stale_p, "lr": [stale_lr[p] for p in stale_p],
+                            "responses": [budget(p) for p in stale_p],
+                            "train.eval_every_responses": [spacing(p) for p in stale_p]})
+  stale_common = sw.fixed(**{**base, **STAGED, "target.value": 0.51, **({} if tiny else STOP)})
+  stale_seeds = {"seed": [100, 101] if tiny else [100, 101, 102, 103, 104]}
+  staleness = sw.chain(
+      sw.product({"rollout.max_staleness": [0]}, stale_each, stale_seeds, stale_common),
+      sw.product({"rollout.max_staleness": [1, 2] if tiny else [1, 2, 4, 8]},
+                 {"rl.off_policy_correction": ["none", "tis", "mis", "decoupled"]},
+                 stale_each, stale_seeds, stale_common))
   return {
       "dynamic_sampling": filtered,
+      "staleness": staleness,
       # The reference batch at the starting rate on the scan's seeds, evaluated at its start
       # and end only: the study's target is a fraction of the gain it makes.
       "reference": sw.product({"p": [ref], "lr": [LR0], "responses": [ref_budget]},

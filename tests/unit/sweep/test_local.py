@@ -72,7 +72,7 @@ def test_shipped_sweeps_are_valid():
   for config, names in [("configs/grpo.py", ("batch_invariance", "group_vs_prompts",
                                              "generation_batch", "overlap", "staleness",
                                              "dynamic_sampling")),
-                        ("configs/grpo_chain_sum.py", ("dynamic_sampling",)),
+                        ("configs/grpo_chain_sum.py", ("dynamic_sampling", "staleness")),
                         ("configs/ppo.py", ("actor_critic",))]:
     for arg in ("", ":tiny"):
       declared = points.declared(os.path.join(REPO, config) + arg)
