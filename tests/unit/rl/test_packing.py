@@ -62,6 +62,7 @@ def test_buckets_and_the_padded_fallback():
     packing.Packer(num_epochs=1, num_minibatches=1, microbatch=64, shards=3, group=8)
 
 
+@pytest.mark.slow(seconds=21)  # a compilation per bucket: in .ci/run, out of the quick run
 def test_compiled_updates_are_bounded_by_the_buckets(tiny_cfg):
   """Twelve steps of random lengths: one compiled update per bucket met (and one padded), none
   when a bucket comes again."""
