@@ -226,24 +226,28 @@ def branch_dirs(probe_dir: str) -> list[str]:
   return runs_lib.expand([os.path.join(probe_dir, d) for d in steps
                           if os.path.exists(os.path.join(probe_dir, d, "sweep.json"))])
 
-def branch_metric(probe_dir: str) -> str:
+def branches(probe_dir: str) -> list:
+  """The finished branches of the probe, each read once (analysis/runs.load)."""
+  return [runs_lib.load(path) for path in branch_dirs(probe_dir)]
+
+
+def branch_metric(probe_dir: str, runs: list | None = None) -> str:
   """The metric the probe's branches were scored on (their target.metric: launch/cbs_probe.py's
-  --metric), METRIC when no branch says."""
-  for path in branch_dirs(probe_dir):
-    metric = runs_lib.load(path).config.get("target", {}).get("metric")
+  --metric), METRIC when no branch says. `runs`: `branches(probe_dir)`, when already read."""
+  for run in branches(probe_dir) if runs is None else runs:
+    metric = run.config.get("target", {}).get("metric")
     if metric:
       return metric
   return METRIC
 
 
-def start_spread(probe_dir: str, metric: str) -> dict[int, float]:
+def start_spread(probe_dir: str, metric: str, runs: list | None = None) -> dict[int, float]:
   """{branch step: the largest difference between the first evaluations of branches of one
   seed}. A sampled metric's first evaluation differs between seeds (each seed draws its own
   responses) and agrees within one (the same weights and evaluation key at every batch and
   rate): branches of different checkpoints still show."""
   firsts: dict[int, dict[int, list[float]]] = {}
-  for path in branch_dirs(probe_dir):
-    run = runs_lib.load(path)
+  for run in branches(probe_dir) if runs is None else runs:
     curve = run.curve(metric)
     if curve:
       firsts.setdefault(int(run.config["init"]["branch_step"]), {}).setdefault(
@@ -252,15 +256,15 @@ def start_spread(probe_dir: str, metric: str) -> dict[int, float]:
           for step, by_seed in firsts.items()}
 
 
-def load(probe_dir: str, metric: str = METRIC) -> dict[int, dict[int, dict[float, list]]]:
+def load(probe_dir: str, metric: str = METRIC,
+         runs: list | None = None) -> dict[int, dict[int, dict[float, list]]]:
   """{branch step: {B: {effective learning rate: [curve per finished seed]}}} of the probe's
   finished branches; a curve is [(responses generated since the branch, value)] with the
   branch point first."""
   from rlscale.rl import optim
   from rlscale.study.probe import round_rate
   out: dict[int, dict[int, dict[float, list]]] = {}
-  for path in branch_dirs(probe_dir):
-    run = runs_lib.load(path)
+  for run in branches(probe_dir) if runs is None else runs:
     step = int(run.config["init"]["branch_step"])
     lr = round_rate(optim.scale(run.config["optim"], run.batch).lr)
     curve = run.curve(metric)
@@ -326,12 +330,15 @@ def parent_noise(parent_dir: str, step: int) -> dict[str, float]:
           for unit in ("prompts", "responses")}
 
 
-def analyse(probe_dir: str, parent_dir: str, metric: str = METRIC, gain: float = 0.5,
+def analyse(probe_dir: str, parent_dir: str, metric: str | None = METRIC, gain: float = 0.5,
             min_seeds: int = 3) -> dict[str, Any]:
-  """Every branch point's estimate, the parent's B_simple there and the probe's cost."""
+  """Every branch point's estimate, the parent's B_simple there and the probe's cost; `metric`
+  None: the one the branches were scored on (branch_metric). Each branch is read once."""
   points = {}
-  within_seed = start_spread(probe_dir, metric) if metric in SAMPLED else {}
-  for step, curves in sorted(load(probe_dir, metric).items()):
+  runs = branches(probe_dir)
+  metric = metric or branch_metric(probe_dir, runs)
+  within_seed = start_spread(probe_dir, metric, runs) if metric in SAMPLED else {}
+  for step, curves in sorted(load(probe_dir, metric, runs).items()):
     lrs = single_rates(curves)  # a rate scan: each batch at its best rate, E lr / B constant
     kw = dict(min_seeds=min_seeds, spread=within_seed.get(step))
     est = follows_rule(estimate(curves, gain=gain, **kw), lrs)
@@ -412,7 +419,7 @@ def main(argv=None) -> int:
   if not os.path.isdir(a.probe_dir):
     print(f"error: {a.probe_dir} is not a directory", file=sys.stderr)
     return 2
-  result = analyse(a.probe_dir, a.run, a.metric or branch_metric(a.probe_dir), a.gain)
+  result = analyse(a.probe_dir, a.run, a.metric, a.gain)
   if not result["points"]:
     print(f"error: no finished branch under {a.probe_dir}", file=sys.stderr)
     return 2

@@ -73,12 +73,11 @@ def errors(rl) -> list[str]:
     return [f"rl.off_policy_correction={mode!r}; known: {', '.join(CORRECTIONS)}"]
   if mode == "none":
     return []
+  from rlscale.config.fields import number
   out = []
   for field in ("is_cap",) + (("mis_threshold",) if mode == "mis" else ()):
-    v = rl.get(field)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 1 or math.isinf(v):
-      out.append(f"rl.{field}={v!r} must be a finite number > 1 (rl.off_policy_correction="
-                 f"{mode!r})")
+    number(out, f"rl.{field}", rl.get(field),
+           f"a finite number > 1 (rl.off_policy_correction={mode!r})", lambda v: v > 1)
   if rl.old_logprobs != "sampler":
     out.append(f"rl.off_policy_correction={mode!r} with rl.old_logprobs={rl.old_logprobs!r}: "
                "the correction's denominator is the sampler's log-probs and it recomputes "
