@@ -25,6 +25,10 @@ from tests.support import REPO
 GOLDEN = os.path.join(REPO, "tests", "support", "fixtures", "staleness_k1_golden.json")
 MACHINE = ("time/", "memory/", "throughput/", "mfu/", "wall_time")  # not the computation's
 RTOL, ATOL = 1e-4, 1e-6
+# The noise scale's estimates (<model>/noise_*: |G|^2 and tr(Sigma) from the difference of two
+# squared gradient norms, B_simple their ratio) amplify float rounding: in CI's full session
+# B_simple read 116.39 where this test alone reads 116.47 (6.6e-4) on the same machine.
+NOISE_RTOL = 1e-2
 STEPS = 4
 VARIANTS = {"colocated": "grpo.py", "dynamic_sampling": "grpo.py+ds"}
 
@@ -61,7 +65,8 @@ def assert_rows_match(got: list[dict], want: list[dict], what: str) -> None:
       if isinstance(v, int):
         assert g[k] == v, (what, w.get("step"), k, g[k], v)
       else:
-        assert np.isclose(g[k], v, rtol=RTOL, atol=ATOL, equal_nan=True), (
+        rtol = NOISE_RTOL if "/noise_" in k else RTOL
+        assert np.isclose(g[k], v, rtol=rtol, atol=ATOL, equal_nan=True), (
             what, w.get("step"), k, g[k], v)
 
 
