@@ -129,10 +129,13 @@ def test_a_lane_resumes_alone_and_a_stopped_group_resumes_bit_exactly(side_by_si
           f"--workdir={tmp_path}/stop/seed={{seed}}", base]
   proc = subprocess.Popen(argv, cwd=root, env=_env(str(root)), stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
-  first = tmp_path / "stop" / "seed=1" / "checkpoints" / "4"
+  # Signalled once the first lane's row of step 4 is written (its save dispatched; orbax names
+  # the step's folder only when the save commits, which a fast run could outlive).
+  rows = tmp_path / "stop" / "seed=1" / "metrics.jsonl"
   deadline = time.time() + 240
-  while not first.exists() and proc.poll() is None and time.time() < deadline:
-    time.sleep(0.2)
+  while (proc.poll() is None and time.time() < deadline
+         and not (rows.exists() and '"step": 4,' in rows.read_text())):
+    time.sleep(0.05)
   proc.send_signal(signal.SIGTERM)
   _, err = proc.communicate(timeout=240)
   assert proc.returncode == 75, err[-3000:]
