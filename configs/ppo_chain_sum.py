@@ -48,23 +48,26 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 PROMPTS, GROUP, REF_PROMPTS, WARMUP_RESPONSES = (2, 4, 16, 64), 4, 4, 512
 
 
-def _grid(p: int, ref: int, tiny: bool) -> list[float]:
-  """The GRPO study's rates at the same B / B0 (grpo_chain_sum.lr_grid); tiny: the middle
-  two."""
-  grid = grpo_chain_sum.lr_grid(p, ref)
-  return grid[1:3] if tiny else grid
+def _grid(grpo_p: int) -> list[str]:
+  """Three rates a factor sqrt(2) apart centred on the rate the GRPO scan chose at the same B
+  (GRPO's P = grpo_p): its choice and the rates beside it in its scan (the study's "{lr@-1:..}";
+  continued past the end of that scan). The study extends an edge choice as GRPO's."""
+  return [f"{{lr@-1:p={grpo_p}}}", f"{{lr:p={grpo_p}}}", f"{{lr@+1:p={grpo_p}}}"]
 
 
 def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
-  """lr_scan: the actor's learning rate at each P (5 rates, the GRPO scan's grid and seeds; the
-  study chooses by the joint fit of E(B, lr), and extends an edge); confirm: each P at its
-  chosen rate ("{optim.lr}"; its runner-up "{optim.lr#2}" too where the joint fit is not
-  identified), as many fresh seeds as the power calculation asks ("{seeds}"). Evaluated and stopped as the GRPO study (grpo_chain_sum.SAMPLED,
-  STAGED, STOP),
-  no gradient clipping (actor or critic). Used by configs/studies/chain_sum_cpu.py."""
+  """lr_scan: the actor's learning rate at each P, 3 rates sqrt(2) apart centred on the rate
+  the GRPO scan chose at the same B (_grid: on the chain-sum study PPO's choice was GRPO's at
+  every B when it scanned GRPO's 5 rates), the GRPO scan's 3 seeds; the study chooses by the
+  joint fit of E(B, lr) and extends an edge. confirm: each P at its chosen rate
+  ("{optim.lr}"; its runner-up "{optim.lr#2}" too where the joint fit is not identified), as
+  many fresh seeds as the power calculation asks ("{seeds}"). Evaluated and stopped as the
+  GRPO study (grpo_chain_sum.SAMPLED, STAGED, STOP), no gradient clipping (actor or critic).
+  Both read the study's choices: used by configs/studies/chain_sum_cpu.py."""
   tiny = "tiny" in (arg or "").split(",")
   prompts, group, ref, warmup = ((2, 4), 2, 2, 8) if tiny else (
       PROMPTS, GROUP, REF_PROMPTS, WARMUP_RESPONSES)
+  grpo_group = 4 if tiny else 8  # the GRPO study's G: its P at the same B is P x G / that
 
   def at_b(table, p):  # GRPO's value at the same B (P x 8)
     return table[p * group // 8]
@@ -87,7 +90,7 @@ def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
                            else {})})
   return {
       "lr_scan": sw.product(
-          sw.chain(*(sw.product([pt], {"optim.lr": _grid(pt["p"], ref, tiny)})
+          sw.chain(*(sw.product([pt], {"optim.lr": _grid(pt["p"] * group // grpo_group)})
                      for pt in scan_p)), {"seed": [0] if tiny else [0, 1, 2]}, common_),
       "confirm": sw.product(each_p, {"optim.lr": ["{optim.lr}", "{optim.lr#2}"]},
                             {"seed": ["{seeds}"]}, common_),

@@ -18,8 +18,10 @@ Stages (rlscale/study/study.py), in order:
              where that differs (at its runner-up where the joint fit is not identified; the
              power calculation from the scan's seed spread is recorded beside them);
   pairs      (P, G) = (8, 4) and (2, 16), equal P x G to (4, 8), at that batch's chosen rate;
-  ppo_lr     PPO's actor rate at B = 8, 16, 64, 256 (G = 4), 5 rates, the same 3 scan seeds,
-             the same joint fit;
+  ppo_lr     PPO's actor rate at B = 8, 16, 64, 256 (G = 4), 3 rates sqrt(2) apart centred on
+             the rate GRPO's scan chose at the same B (with 5 of GRPO's rates PPO chose GRPO's
+             rate at every B: the 3 cost 60% of the 5's runs), the same 3 scan seeds, the
+             same joint fit, an edge choice extended;
   ppo        each at its chosen rate (and its own scan's where that differs), 10 fresh seeds as
              GRPO's verdict.
 Every run's budget grows with B so that every verdict seed crosses (a scan's is shorter: it

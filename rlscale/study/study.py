@@ -10,8 +10,10 @@ stage or separately for each value of its `per` keys (each batch size):
 
 A later stage uses a choice in two ways: `{key}` in its config argument (a stage-wide choice),
 or an override value "{key}" (the choice of the point's own group, e.g. its p) or
-"{key:p=2}" (the choice of the group p=2, e.g. the reference batch's). Two points that resolve
-to the same overrides are run once.
+"{key:p=2}" (the choice of the group p=2, e.g. the reference batch's), or "{key@-1:p=2}" /
+"{key@+1:p=2}" (the value one step below / above that choice among the values its scan tried,
+continued geometrically past an end: a later scan centred on an earlier one's choice). Two
+points that resolve to the same overrides are run once.
 
 The choice is made from the median responses to the study's target over the stage's seeds
 (the first crossing of each run's evaluations, rlscale/metrics/crossing.py; a seed that never
@@ -72,7 +74,8 @@ from rlscale.config.errors import ConfigError
 from rlscale.trainer.preemption import EXIT_REQUEUE
 
 FILE = "study.json"
-_REF = re.compile(r"^\{([\w.]+)(#2)?(?::([^{}]*))?\}$")  # "{lr}", "{lr#2}", "{lr:p=2}"
+# "{lr}", "{lr#2}", "{lr:p=2}", "{lr@-1:p=2}" (the value one step below p=2's choice in its scan)
+_REF = re.compile(r"^\{([\w.]+)(#2|@[+-]\d+)?(?::([^{}]*))?\}$")
 SEEDS, TARGET = "{seeds}", "{target}"
 FIRST_VERDICT_SEED = 100  # the power-sized seeds: 100, 101, ... (no scan uses them)
 
@@ -318,6 +321,21 @@ def _format(value) -> str:
   return format_value(value)
 
 
+def step_from(value: float, tried: list[float], steps: int) -> float:
+  """The value `steps` places from `value` among the sorted values a scan `tried` ("{lr@+1}");
+  past either end, the end's ratio to its neighbour continued (rounded as a scan's rates)."""
+  grid = sorted(set(tried) | {value})
+  i = grid.index(value) + steps
+  if 0 <= i < len(grid):
+    return grid[i]
+  if len(grid) < 2:
+    raise ConfigError(f"a step of {steps} from {value} needs a scan of at least two values; it "
+                      f"tried {grid}")
+  edge, inner = (grid[-1], grid[-2]) if i >= len(grid) else (grid[0], grid[1])
+  past = i - (len(grid) - 1) if i >= len(grid) else -i
+  return _round(edge * (edge / inner) ** past)
+
+
 def _round(value: float) -> float:
   return float(f"{value:.3g}")
 
@@ -370,17 +388,20 @@ class StudyRunner:
       if m is None or v == SEEDS:
         out[k] = v
         continue
-      key, second, group = m.group(1), m.group(2), m.group(3)
+      key, mod, group = m.group(1), m.group(2) or "", m.group(3)
       chosen = self.record["chosen"].get(key)
       if chosen is None:
         raise ConfigError(f"stage {stage.name!r}: point {overrides} uses {v!r}, which no "
                           "earlier stage has chosen")
       if group is None:
         group = group_of(overrides, chosen["per"])
-      values = chosen["runner_up" if second else "values"]
+      values = chosen["runner_up" if mod == "#2" else "values"]
       if group not in values:
         return None  # no finished run of that group to choose from (logged by points_of)
       out[k] = values[group]
+      if mod.startswith("@"):
+        tried = [t[chosen["key"]] for t in chosen.get("tables", {}).get(group, [])]
+        out[k] = step_from(values[group], tried, int(mod[1:]))
     return out
 
   def _expand_seeds(self, stage: Stage, overrides: dict[str, Any]) -> list[dict[str, Any]]:

@@ -147,6 +147,17 @@ def test_a_choice_per_group_extends_an_edge_until_it_is_inside(tmp_path):
   assert after == ["p=1,lr=2", "p=1,lr=4", "p=2,lr=2"]
 
 
+def test_a_step_from_a_choice_is_its_neighbour_in_the_scan_or_the_grid_continued():
+  tried = [1e-4, 1.41e-4, 2e-4, 2.83e-4]
+  assert study.step_from(1.41e-4, tried, -1) == 1e-4
+  assert study.step_from(1.41e-4, tried, +1) == 2e-4
+  assert study.step_from(1.41e-4, tried, 0) == 1.41e-4
+  assert study.step_from(2.83e-4, tried, +1) == 4e-4  # 2.83e-4^2 / 2e-4, 3 figures
+  assert study.step_from(1e-4, tried, -2) == 5.03e-5  # 1e-4 / 1.41^2
+  with pytest.raises(ConfigError, match="at least two"):
+    study.step_from(1e-4, [1e-4], 1)
+
+
 def test_choose_prefers_a_stable_rate_within_the_band():
   runs = [{"overrides": {"lr": 1.0}, "responses_to_target": 400, "final": 0.60},
           {"overrides": {"lr": 2.0}, "responses_to_target": 300, "final": 0.58},
@@ -171,8 +182,8 @@ def test_the_shipped_cpu_study_declares_its_stages(tmp_path, monkeypatch):
       "calculation's seeds, the target)",
       "pairs: sweep pairs of configs/grpo_chain_sum.py (after the choice of lr, the power "
       "calculation's seeds, the target)",
-      "ppo_lr: sweep lr_scan of configs/ppo_chain_sum.py (after the target), chooses optim.lr "
-      "per p",
+      "ppo_lr: sweep lr_scan of configs/ppo_chain_sum.py (after the choice of lr, the target), "
+      "chooses optim.lr per p",
       "ppo: sweep confirm of configs/ppo_chain_sum.py (after the choice of optim.lr, the power "
       "calculation's seeds, the target)"]
   # Its later stages are valid sweeps once the target, rates and seeds are set.
@@ -194,9 +205,17 @@ def test_the_shipped_cpu_study_declares_its_stages(tmp_path, monkeypatch):
   # The joint fit's choice: the runner-up is the choice itself, one rate per P is run.
   runner.record["chosen"]["lr"]["runner_up"] = runner.record["chosen"]["lr"]["values"]
   assert len(runner.points_of(runner.stages[2], str(tmp_path / "g1"))) == 6 * 12
+  # PPO's scan: 3 rates centred on GRPO's choice at the same B, its neighbours in GRPO's scan
+  # (continued past the end of that scan).
+  runner.record["chosen"]["lr"]["tables"] = {
+      f"p={p}": [{"lr": 1e-4 * p * f} for f in (0.5, 1, 2)] for p in (1, 2, 4, 8, 16)}
+  runner.record["chosen"]["lr"]["tables"]["p=32"] = [{"lr": 32e-4 * f} for f in (0.25, 0.5, 1)]
   ppo = runner.points_of(runner.stages[4], str(tmp_path / "q"))
-  assert len(ppo) == 60 and {p.overrides["seed"] for p in ppo} == {0, 1, 2}  # 4 P x 5 x 3
+  assert len(ppo) == 36 and {p.overrides["seed"] for p in ppo} == {0, 1, 2}  # 4 P x 3 x 3
   assert {p.overrides["p"] for p in ppo} == {2, 4, 16, 64}
+  rates = lambda p: sorted({q.overrides["optim.lr"] for q in ppo if q.overrides["p"] == p})
+  assert rates(16) == [4e-4, 8e-4, 16e-4]  # B = 64: GRPO's P = 8
+  assert rates(64) == [16e-4, 32e-4, 64e-4]  # GRPO's p=32 chose its scan's top rate
   assert ppo[0].overrides["critic.warmup_steps"] == 64  # 512 warm-up responses at P x G = 8
   assert ppo[0].overrides["responses"] == 4096 + 512  # the scan's budget at B = 8, warm-up too
 
