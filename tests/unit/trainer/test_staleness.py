@@ -4,9 +4,16 @@ trains (rlscale/trainer/rl_trainer.py).
 k = 1 is the overlapped generation it replaced (rollout.overlap=True). Its golden rows below
 were recorded from that code (commit 5758925) before the change, on the tests' 8 simulated CPU
 devices: the tiny GRPO run of tests/support/workers/two_process_rl.py for 4 steps, colocated
-and with dynamic sampling. Tolerance as the split-vs-colocated comparison (rtol 1e-4, atol
-1e-6: float32 reductions may differ between CPU instruction sets); integers (tokens, lags,
-counters) exactly. To record them again (only from code whose k = 1 is known right):
+and with dynamic sampling. On the machine that recorded them k = 1 reproduces them exactly.
+Another machine's float32 rounding differs (instruction set, cache-sized blocking, threads),
+and four steps of training amplify it in the quantities that are small differences. Measured
+on the recording machine (AVX-512) run with --xla_cpu_max_isa=AVX2: integers, rewards and
+evaluations exact; the largest relative differences 0.26 in the noise scale's per-response
+estimates (actor/noise_*), 0.054 in actor/approx_kl, 0.033 in the gradient norms, 5e-4 in the
+losses and entropy, 3e-5 in the ratio. The tolerances (TOLERANCES) sit about 2-20x above those;
+at them the synchronous loop's rows (k = 0) still fail (approx_kl differs by 1.0, the gradient
+norm by 0.27, the loss by 0.17: test_the_golden_rows_tell_k1_from_k0). To record them again
+(only from code whose k = 1 is known right):
 XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \\
     python -m tests.unit.trainer.test_staleness
 """
@@ -24,11 +31,9 @@ from tests.support import REPO
 
 GOLDEN = os.path.join(REPO, "tests", "support", "fixtures", "staleness_k1_golden.json")
 MACHINE = ("time/", "memory/", "throughput/", "mfu/", "wall_time")  # not the computation's
-RTOL, ATOL = 1e-4, 1e-6
-# The noise scale's estimates (<model>/noise_*: |G|^2 and tr(Sigma) from the difference of two
-# squared gradient norms, B_simple their ratio) amplify float rounding: in CI's full session
-# B_simple read 116.39 where this test alone reads 116.47 (6.6e-4) on the same machine.
-NOISE_RTOL = 1e-2
+RTOL, ATOL = 1e-2, 1e-6  # every float key not in TOLERANCES
+# Relative tolerances by key (the first fragment found in it wins), see the docstring.
+TOLERANCES = (("/noise_", 0.5), ("approx_kl", 0.15), ("grad_norm", 0.1))
 STEPS = 4
 VARIANTS = {"colocated": "grpo.py", "dynamic_sampling": "grpo.py+ds"}
 
@@ -57,17 +62,29 @@ def _run(variant: str, cache_dir: str, run_dir: str, **changes) -> list[dict]:
   return _rows(run_dir)
 
 
-def assert_rows_match(got: list[dict], want: list[dict], what: str) -> None:
-  assert len(got) == len(want), (what, len(got), len(want))
+def mismatches(got: list[dict], want: list[dict]) -> list[tuple]:
+  """(step, key, got, want) for every value of `want` that `got` lacks or differs in: integers
+  exactly, floats at TOLERANCES."""
+  if len(got) != len(want):
+    return [("rows", None, len(got), len(want))]
+  out = []
   for g, w in zip(got, want):
-    assert set(w) <= set(g), (what, w.get("step"), sorted(set(w) - set(g)))
     for k, v in w.items():
-      if isinstance(v, int):
-        assert g[k] == v, (what, w.get("step"), k, g[k], v)
+      if k not in g:
+        out.append((w.get("step"), k, None, v))
+      elif isinstance(v, int):
+        if g[k] != v:
+          out.append((w.get("step"), k, g[k], v))
       else:
-        rtol = NOISE_RTOL if "/noise_" in k else RTOL
-        assert np.isclose(g[k], v, rtol=rtol, atol=ATOL, equal_nan=True), (
-            what, w.get("step"), k, g[k], v)
+        rtol = next((t for frag, t in TOLERANCES if frag in k), RTOL)
+        if not np.isclose(g[k], v, rtol=rtol, atol=ATOL, equal_nan=True):
+          out.append((w.get("step"), k, g[k], v))
+  return out
+
+
+def assert_rows_match(got: list[dict], want: list[dict], what: str) -> None:
+  bad = mismatches(got, want)
+  assert not bad, (what, bad[:5])
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +109,16 @@ def test_k1_is_the_overlapped_generation_it_replaced(runs):
 
 
 @pytest.mark.slow(seconds=60)
+def test_the_golden_rows_tell_k1_from_k0(runs):
+  """At the cross-machine tolerances the synchronous loop's floats fail the k = 1 rows, not
+  only its policy lags."""
+  with open(GOLDEN) as f:
+    golden = json.load(f)
+  bad = {k for _, k, _, _ in mismatches(runs[0], golden["colocated"])}
+  assert {"actor/approx_kl", "actor/grad_norm", "actor/loss"} <= bad, sorted(bad)
+
+
+@pytest.mark.slow(seconds=60)
 def test_k0_is_the_synchronous_loop_bit_for_bit(runs):
   assert runs[0] == runs["default"]
   assert [r.get("rollout/policy_lag") for r in runs[0]] == [None] + [0] * STEPS
@@ -107,7 +134,7 @@ def test_no_step_trains_on_responses_more_than_k_updates_old(runs):
   for k in (1, 4):
     assert runs[k][1]["response_tokens"] == runs[0][1]["response_tokens"]
     assert np.isclose(runs[k][1]["actor/grad_norm"], runs[0][1]["actor/grad_norm"],
-                      rtol=RTOL, atol=ATOL)
+                      rtol=1e-6, atol=0)  # the same process: the same rounding
 
 
 @pytest.mark.slow(seconds=40)
