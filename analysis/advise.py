@@ -3,6 +3,8 @@
     python analysis/advise.py STUDY_DIR --run=RUN_DIR --chips=1,8,64,512 --accelerator=h200 \\
         [--model=NAME|HF_FOLDER|config.json] [--kind=grpo] [--out=DIR]
     python analysis/advise.py RUN_DIR/probe --run=RUN_DIR ...     # from a critical-batch probe
+    python analysis/advise.py STUDY_DIR --run=RUN_DIR --max_staleness=0,1,4 \
+        --staleness=STALENESS_REPORT_DIR ...                     # the split layout at k too
 
 It combines two things measured on the user's own runs:
 
@@ -21,6 +23,13 @@ It combines two things measured on the user's own runs:
     split) from the throughput model (analysis/throughput), calibrated on RUN_DIR and
     transferred to --accelerator (scale.py's calibration; "uncalibrated" when the accelerator
     is not the one RUN_DIR ran on).
+
+(c) With --max_staleness=0,1,... and --staleness=REPORT_DIR, the split layout also at each
+    k > 0 of rollout.max_staleness: the step pipelined (the sampler up to k steps ahead,
+    analysis/throughput/model.py pipelined) and E(B) times what k cost in responses to target
+    at that B, E(B, k) / E(B, 0) with its interval, as a staleness sweep's report measured it
+    (its Staleness section's CSV; at the nearest B it ran, said so). k > 0 without that
+    measurement is refused: its sample cost is not assumed.
 
 Time to target = E(B) / B x seconds per step. For each chip count the table gives the candidate
 with the least predicted time, its interval (from E's; the step-time model adds its own error,
@@ -276,9 +285,54 @@ def throughput(run_dir: str, model: str, dtype: str, accelerator: str, run_accel
              f": uncalibrated on {tacc.name} (the run's {racc.name} efficiencies do not carry; "
              "the model's defaults are used)"))
 
-  def step(responses: int, chips: int, layout: str) -> float:
-    return tm.predict(w.with_responses(responses), tacc, tcal, chips, layout).step
+  def step(responses: int, chips: int, layout: str, staleness: int = 0) -> float:
+    return tm.predict(w.with_responses(responses), tacc, tcal, chips, layout,
+                      staleness=staleness).step
+  if tcal.gen_cv:
+    note += f"; decode time varying by {tcal.gen_cv:.2g} (sd / mean) from step to step"
   return step, note
+
+
+# --- (c) what k steps of staleness cost in responses ------------------------------------------
+
+STALENESS_CSV = "9_rtt_vs_staleness.csv"  # the report's Staleness section (its figure's data)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cost:
+  """E(B, k) / E(B, 0) measured at one B: the ratio and its interval."""
+  b: int
+  ratio: float
+  lo: float
+  hi: float
+  seeds: int
+
+
+def staleness_costs(path: str, kind: str, correction: str) -> dict[int, list[Cost]]:
+  """Per k > 0, the ratios a staleness sweep's report measured (its STALENESS_CSV, in `path`
+  or `path` itself), for `kind` without dynamic sampling and with `correction`."""
+  csv = path if path.endswith(".csv") else os.path.join(path, STALENESS_CSV)
+  if not os.path.isfile(csv):
+    raise Refusal(f"--staleness={path}: no {STALENESS_CSV} (the report of a sweep over "
+                  "rollout.max_staleness writes it)")
+  d = pd.read_csv(csv)
+  d = d[(d.kind == kind) & ~d.dynamic_sampling.astype(bool) & (d.correction == correction)
+        & (d.k > 0)]
+  if d.empty:
+    raise Refusal(f"--staleness={path}: no {kind} runs with k > 0 and correction "
+                  f"{correction!r} there")
+  out: dict[int, list[Cost]] = {}
+  for r in d.itertuples():
+    if r.ratio_n and np.isfinite(r.ratio_to_k0):
+      out.setdefault(int(r.k), []).append(Cost(int(r.B), float(r.ratio_to_k0), float(r.ratio_lo),
+                                               float(r.ratio_hi), int(r.ratio_n)))
+  return out
+
+
+def cost_at(costs: list[Cost], b: int) -> tuple[Cost, bool]:
+  """The measured ratio at the B nearest `b` (in log B), and whether it was measured at b."""
+  near = min(costs, key=lambda c: (abs(math.log(c.b / b)), c.b))
+  return near, near.b == b
 
 
 def usable(n: int) -> list[int]:
@@ -288,21 +342,29 @@ def usable(n: int) -> list[int]:
 
 
 def choose(estimates: list[Estimate], step, chips: list[int], layouts: list[str],
-           minibatches: int = 1) -> pd.DataFrame:
-  """One row per chip count and candidate (B, layout, chips used), ranked by predicted time to
-  target: E(B) / (B x `minibatches`) RL steps (an RL step of P x G = B x minibatches responses,
-  as in the study or run that measured E) x seconds per step."""
-  rows = []
+           minibatches: int = 1, costs: dict[int, list[Cost]] | None = None) -> pd.DataFrame:
+  """One row per chip count and candidate (B, layout, k, chips used), ranked by predicted time
+  to target: E(B) / (B x `minibatches`) RL steps (an RL step of P x G = B x minibatches
+  responses, as in the study or run that measured E) x seconds per step. Split, each k of
+  `costs` too: E(B) x its measured E(B, k) / E(B, 0) (at the nearest B measured; the interval
+  the product of the two intervals' ends) and the pipelined step of k."""
+  rows, ks = [], sorted(costs or {})
+  series = [(layout, k) for layout in layouts for k in [0] + (ks if layout == "split" else [])]
   for n in chips:
-    for est, layout, used in itertools.product(estimates, layouts, usable(n)):
+    for est, (layout, k), used in itertools.product(estimates, series, usable(n)):
       if layout == "split" and used < 2:
         continue
-      t = step(est.b * minibatches, used, layout)
-      steps = est.e / est.b / minibatches
-      rows.append(dict(chips=n, used=used, B=est.b, layout=layout, lr=est.lr, how=est.how,
-                       seeds=est.seeds, responses=est.e, step_s=t, steps=steps,
-                       time_s=steps * t, time_lo=est.lo / est.b / minibatches * t,
-                       time_hi=est.hi / est.b / minibatches * t))
+      e, lo, hi, how = est.e, est.lo, est.hi, est.how
+      if k:
+        c, exact = cost_at(costs[k], est.b)
+        e, lo, hi = e * c.ratio, lo * c.lo, hi * c.hi
+        how += f"; x{c.ratio:.3g} for k = {k}" + ("" if exact else f" (measured at B = {c.b})")
+      t = step(est.b * minibatches, used, layout, k)
+      steps = e / est.b / minibatches
+      rows.append(dict(chips=n, used=used, B=est.b, layout=f"{layout} k={k}" if k else layout,
+                       k=k, lr=est.lr, how=how, seeds=est.seeds, responses=e, step_s=t,
+                       steps=steps, time_s=steps * t, time_lo=lo / est.b / minibatches * t,
+                       time_hi=hi / est.b / minibatches * t))
   df = pd.DataFrame(rows)
   df["rank"] = df.groupby("chips").time_s.rank(method="first").astype(int)
   return df.sort_values(["chips", "rank"]).reset_index(drop=True)
@@ -378,6 +440,11 @@ def figure(df: pd.DataFrame, out: str, title: str) -> list[str]:
   return figures.save(fig, data, out, "advice")
 
 
+def _staleness_list(text: str) -> list[int]:
+  from analysis.scale import _staleness
+  return _staleness(text)
+
+
 def parse(argv=None) -> argparse.Namespace:
   from analysis.scale import _chip_counts
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -394,6 +461,14 @@ def parse(argv=None) -> argparse.Namespace:
   ap.add_argument("--dtype", default="")
   ap.add_argument("--kind", default="", help="the study's algorithm (default: grpo if run)")
   ap.add_argument("--layout", default="both", choices=["colocated", "split", "both"])
+  ap.add_argument("--max_staleness", default="0", type=_staleness_list,
+                  help="comma-separated k of rollout.max_staleness to weigh on the split "
+                  "layout (k > 0 needs --staleness)")
+  ap.add_argument("--staleness", default="", help="the report directory of a sweep over "
+                  "rollout.max_staleness (or its 9_rtt_vs_staleness.csv): what k costs in "
+                  "responses to target")
+  ap.add_argument("--correction", default="none",
+                  help="the off-policy correction whose staleness runs to read")
   ap.add_argument("--out", default="", help="default: DIR/advice")
   return ap.parse_args(argv)
 
@@ -439,7 +514,31 @@ def advise(a: argparse.Namespace) -> tuple[pd.DataFrame, pd.DataFrame, list[str]
                  "relative to the smallest batch's (what the study measured) and the step "
                  "time (the throughput model's) apart from their product")
   layouts = ["colocated", "split"] if a.layout == "both" else [a.layout]
-  df = choose(estimates, step, a.chips, layouts, nm)
+  ks = sorted(set(a.max_staleness) - {0})
+  costs = None
+  if ks:
+    if "split" not in layouts:
+      raise Refusal("--max_staleness > 0 pays on the split layout only (colocated, one set of "
+                    "chips decodes and trains in turn at any k): add --layout=split or both")
+    if not a.staleness:
+      raise Refusal(f"--max_staleness={','.join(map(str, a.max_staleness))}: what k costs in "
+                    "responses to target is measured, not assumed: pass --staleness=REPORT_DIR "
+                    "(the report of a sweep over rollout.max_staleness, e.g. configs/"
+                    "grpo_chain_sum.py's `staleness`)")
+    measured = staleness_costs(a.staleness, kind if not is_probe else (a.kind or "grpo"),
+                               a.correction)
+    missing = [k for k in ks if k not in measured]
+    if missing:
+      raise Refusal(f"--staleness={a.staleness}: no {a.correction!r} runs at k = "
+                    f"{', '.join(map(str, missing))} (it has k = "
+                    f"{', '.join(map(str, sorted(measured)))})")
+    costs = {k: measured[k] for k in ks}
+    notes.append(f"k > 0 (split): E(B) times E(B, k) / E(B, 0) as {a.staleness} measured it "
+                 f"(correction {a.correction}; " + "; ".join(
+                     f"k = {k}: " + ", ".join(f"x{c.ratio:.3g} at B = {c.b} ({c.seeds} seeds)"
+                                              for c in sorted(costs[k], key=lambda c: c.b))
+                     for k in ks) + "); the step pipelined, the sampler up to k steps ahead")
+  df = choose(estimates, step, a.chips, layouts, nm, costs)
   tab = table(df, g, nm, transfer)
   largest = max(e.b for e in estimates)
   if (tab.B == largest).any():

@@ -3,7 +3,8 @@
     python analysis/scale.py RUN_DIR [RUN_DIR ...] --chips 1,8,64,512,1024 --accelerator h200 \
         [--model NAME|HF_FOLDER|config.json] [--dtype bfloat16] [--prompts P --group G] \
         [--max_new_tokens T --prompt_len L --response_len R] \
-        [--layout colocated|split|both] [--overlap] [--bcrit B --smin S] \
+        [--layout colocated|split|both] [--max_staleness 0,1,4] [--gen_cv CV] \
+        [--bcrit B --smin S] \
         [--run_accelerator cpu] [--out DIR]
 
 The model (analysis/throughput/model.py) is calibrated (analysis/throughput/calibration.py) on
@@ -16,6 +17,12 @@ decode latency and host costs (reward per response, other per step) come from th
 several: the one with the fewest devices); the FLOPs and bytes from --model (default the run's)
 at the sequence lengths given (default the run's), with the run's training passes per response
 (update epochs, extra forwards) and optimizer steps per RL step.
+Split, each --max_staleness k gives a series: k = 0 decodes and trains in turn, k >= 1 lets
+the sampler run up to k steps ahead of the trainer (rollout.max_staleness), the step then
+max(generate, train + sync) when decode time is constant and, when it varies from step to step
+(--gen_cv, default the run's own sd / mean of time/generate; 0 for a run that was itself stale
+or refilled, whose time/generate is a wait), a pipeline simulated step by step whose step falls
+toward that bound as k grows (model.pipelined). Colocated is one series at any k.
 Prints a table (chips, layout, generate/train/sync/fixed/step seconds, speedup and efficiency
 against the first chip count, time to target, what bounds the point), the calibration point's
 prediction against its measurement, and writes scale.csv, scale.png and scale.pdf under --out
@@ -25,6 +32,7 @@ prediction against its measurement, and writes scale.csv, scale.png and scale.pd
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import textwrap
@@ -58,6 +66,16 @@ def _chip_counts(text: str) -> list[int]:
   return sorted(set(out))
 
 
+def _staleness(text: str) -> list[int]:
+  try:
+    ks = [int(v) for v in text.split(",")]
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"{text!r}: comma-separated integers >= 0") from None
+  if not ks or min(ks) < 0:
+    raise argparse.ArgumentTypeError(f"{text!r}: comma-separated integers >= 0")
+  return ks
+
+
 def parse(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
@@ -68,7 +86,11 @@ def parse(argv=None) -> argparse.Namespace:
   p.add_argument("--accelerator", default="h200", help="a row of analysis/throughput/accelerators.json")
   p.add_argument("--run_accelerator", default="cpu", help="where RUN_DIR ran")
   p.add_argument("--layout", default="both", choices=["colocated", "split", "both"])
-  p.add_argument("--overlap", action="store_true", help="split: generation overlaps training")
+  p.add_argument("--max_staleness", default="0", type=_staleness,
+                 help="comma-separated k of rollout.max_staleness: a split series each")
+  p.add_argument("--overlap", action="store_true", help="the same as --max_staleness=1")
+  p.add_argument("--gen_cv", type=at_least(0.0, float), default=None,
+                 help="the decode time's sd / mean over steps (default: the run's)")
   p.add_argument("--prompts", type=at_least(0, int), default=0,
                  help="P (default: the run's)")
   p.add_argument("--group", type=at_least(0, int), default=0,
@@ -124,11 +146,13 @@ def target(a: argparse.Namespace, run: tc.Run) -> tuple[tm.Workload, str]:
 
 
 def table(run: tc.Run, w: tm.Workload, cal, acc, chips: list[int], layouts: list[str],
-          overlap: bool, steps: float | None) -> pd.DataFrame:
+          staleness: list[int], steps: float | None) -> pd.DataFrame:
   rows = []
   base = tm.predict(w, acc, cal, chips[0], "colocated")  # every layout's speedup is against it
-  for layout in layouts:
-    preds = [tm.predict(w, acc, cal, n, layout, overlap=overlap) for n in chips
+  series = [(layout, k) for layout in layouts
+            for k in ([0] if layout == "colocated" else staleness)]
+  for layout, k in series:
+    preds = [tm.predict(w, acc, cal, n, layout, staleness=k) for n in chips
              if layout == "colocated" or n >= 2]
     if not preds:
       continue
@@ -217,11 +241,11 @@ def report_calibration(runs: list[tc.Run], cal, racc) -> None:
 
 def report_run(run: tc.Run, cal, racc) -> None:
   m = run.measured
-  own = tm.predict(run.workload, racc, cal, m.chips, m.layout, m.sampler, m.overlap)
+  own = tm.predict(run.workload, racc, cal, m.chips, m.layout, m.sampler, m.staleness)
   err = own.step / m.step - 1
   where = f"{m.layout} {m.sampler}+{m.chips - m.sampler}" if m.layout == "split" else m.layout
   print(f"calibration on {run.path}: {m.chips} {racc.name} device(s), {where}"
-        f"{' overlapped' if m.overlap else ''}; measured step {m.step:.4g} s (generate "
+        f"{f', max_staleness {m.staleness}' if m.staleness else ''}; measured step {m.step:.4g} s (generate "
         f"{m.generate:.3g}, train {m.train:.3g}, sync {m.sync:.3g}, reward+other "
         f"{m.reward + m.other:.3g}), predicted {own.step:.4g} s ({err:+.1%})")
   if abs(err) > 0.25:
@@ -259,6 +283,8 @@ def main(argv=None) -> int:
   w, name = target(a, run)
   cal, racc, tacc = calibrated(runs, a.run_accelerator, a.accelerator)
   tcal = tc.transfer(cal, racc, tacc, w)
+  if a.gen_cv is not None:
+    tcal = dataclasses.replace(tcal, gen_cv=a.gen_cv)
   report_calibration(runs, cal, racc)
   report_target(w, name, cal, tcal, tacc)
   batch = run.batch * w.responses / run.workload.responses
@@ -267,7 +293,12 @@ def main(argv=None) -> int:
   print(f"steps to target at {w.responses} responses/step: "
         f"{'n/a' if steps is None else f'{steps:.4g}'} ({how})")
   layouts = ["colocated", "split"] if a.layout == "both" else [a.layout]
-  df = table(run, w, tcal, tacc, a.chips, layouts, a.overlap, steps)
+  staleness = sorted(set(a.max_staleness) | ({1} if a.overlap else set()))
+  if "split" in layouts and any(staleness):
+    print(f"split with the sampler up to k steps ahead (k = {', '.join(map(str, staleness))}):"
+          f" decode time varying by {tcal.gen_cv:.3g} (sd / mean) from step to step"
+          f"{' (--gen_cv)' if a.gen_cv is not None else ' (the run' + chr(39) + 's)'}")
+  df = table(run, w, tcal, tacc, a.chips, layouts, staleness, steps)
   print(_fmt(df))
   out = a.out or os.path.join(run.path, "scale")
   os.makedirs(out, exist_ok=True)

@@ -116,7 +116,7 @@ def simulated() -> None:
   rows = []
   for n, run in runs.items():
     m = run.measured
-    p = tm.predict(run.workload, acc, cal, m.chips, m.layout, m.sampler, m.overlap)
+    p = tm.predict(run.workload, acc, cal, m.chips, m.layout, m.sampler, m.staleness)
     rows.append(point(n, run, p, on, loadavg(run.path)))
     print(json.dumps(rows[-1]))
   print(json.dumps(summary(rows, cal, on)))

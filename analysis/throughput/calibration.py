@@ -45,7 +45,8 @@ class Measured:
   chips: int
   layout: str = "colocated"
   sampler: int = 0  # split: the sampler's chips
-  overlap: bool = False
+  staleness: int = 0  # rollout.max_staleness
+  gen_cv: float = 0.0  # sd / mean of the decode time over steps (0 where not measured)
 
 
 def medians(rows: list[dict], skip: int = SKIP_STEPS) -> dict[str, float]:
@@ -58,6 +59,9 @@ def medians(rows: list[dict], skip: int = SKIP_STEPS) -> dict[str, float]:
   out = {k: med(lambda r, k=k: float(r.get(k, 0.0))) for k in
          TRAIN_KEYS + FIXED_KEYS + ("time/generate", "time/weight_sync", "response_tokens",
                                     "train_tokens", "flops/step")}
+  gen = [float(r.get("time/generate", 0.0)) for r in steps]
+  out["gen_cv"] = (statistics.pstdev(gen) / statistics.fmean(gen)
+                   if len(gen) > 1 and statistics.fmean(gen) > 0 else 0.0)
   out["train"] = med(lambda r: sum(float(r.get(k, 0.0)) for k in TRAIN_KEYS))
   out["step"] = med(lambda r: float(r["time/step"]) - sum(float(r.get(k, 0.0))
                                                           for k in NOT_STEP_KEYS))
@@ -66,7 +70,8 @@ def medians(rows: list[dict], skip: int = SKIP_STEPS) -> dict[str, float]:
 
 def _uncalibrated(acc: Accelerator, w: Workload, m: Measured) -> Calibration:
   return Calibration(e_train=1.0, e_flops=1.0, e_bw=1.0, t_lat=0.0,
-                     reward_per_response=m.reward / w.responses, other=m.other, source="run")
+                     reward_per_response=m.reward / w.responses, other=m.other, source="run",
+                     gen_cv=m.gen_cv)
 
 
 def calibrate(w: Workload, m: Measured, acc: Accelerator) -> tuple[Calibration, Accelerator]:
@@ -133,7 +138,7 @@ def calibrate_runs(runs: list[tuple[Workload, Measured]],
   cal, acc = calibrate(w0, m0, acc)
   points: dict[str, list[tuple[int, float]]] = {k: [] for k in PHASES}
   for w, m in runs:
-    p = predict(w, acc, cal, m.chips, m.layout, m.sampler, m.overlap)
+    p = predict(w, acc, cal, m.chips, m.layout, m.sampler, m.staleness)
     seen = {"generate": m.generate, "train": m.train, "fixed": m.reward + m.other}
     for k, n in _phase_devices(p).items():
       points[k].append((n, seen[k] - getattr(p, k)))
@@ -263,7 +268,10 @@ def load_run(path: str, skip: int = SKIP_STEPS) -> Run:
                other=med["time/other"], sync=med["time/weight_sync"], step=med["step"],
                chips=int(summary.get("devices") or _devices(mesh)), layout=layout,
                sampler=int(mesh.get("sampler_devices") or 0) if layout == "split" else 0,
-               overlap=rollout.get("max_staleness", 0) > 0)
+               staleness=int(rollout.get("max_staleness", 0) or 0),
+               # the decode's own variation: a stale or refilled step's time/generate is a wait
+               gen_cv=(med["gen_cv"] if not rollout.get("max_staleness")
+                       and not rollout.get("dynamic_sampling") else 0.0))
   cfg = _model(config)
   return Run(path, workload(cfg, config, plan, med), m, summary, float(plan.batch), cfg)
 

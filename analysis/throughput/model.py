@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 
 from analysis.throughput.accelerators import Accelerator
 
@@ -112,6 +113,7 @@ class Calibration:
   other: float  # host seconds per step
   source: str  # "run", "runs on N1, N2 ... devices" or "defaults"
   sync_scale: float = 1.0  # measured / modelled weight sync of a split run (1: not measured)
+  gen_cv: float = 0.0  # step-to-step variation (sd / mean) of the decode time (pipelined)
   per_device: PerDevice = PerDevice()  # the shared host's a + b·N per phase (cpu only)
 
 
@@ -226,25 +228,72 @@ def colocated(w, acc, cal, chips: int) -> Prediction:
   return p
 
 
-def split(w, acc, cal, chips: int, sampler: int, overlap: bool = False) -> Prediction:
+PIPELINE_STEPS, PIPELINE_WARMUP = 400, 50  # simulated steps, and the first ones left out
+
+
+def pipelined(generate: float, train: float, staleness: int, cv: float = 0.0,
+              steps: int = PIPELINE_STEPS, seed: int = 0) -> float:
+  """Mean seconds per RL step of a sampler and a trainer on their own chips, the sampler at
+  most `staleness` = k updates ahead (rollout.max_staleness): the decode of step t starts when
+  the sampler has finished step t-1's and holds the weights after update t-1-k; update t starts
+  when its responses and update t-1 are done and takes `train` (weight push included).
+  k = 0: generate + train. k >= 1 with a constant decode time: max(generate, train). With a
+  decode time that varies from step to step (lognormal, mean `generate`, coefficient of
+  variation `cv`: long-tailed response lengths) a slow decode stalls the trainer unless
+  responses are queued ahead of it, so the step falls toward max(generate, train) as k grows;
+  simulated over `steps` steps (the first PIPELINE_WARMUP left out), the same draws at every k."""
+  if staleness <= 0:
+    return generate + train
+  if cv <= 0 or generate <= 0:
+    return max(generate, train)
+  sigma = math.sqrt(math.log1p(cv * cv))
+  rng = random.Random(seed)
+  gens = [generate * math.exp(rng.gauss(-sigma * sigma / 2, sigma)) for _ in range(steps)]
+  done = update_ends(gens, train, staleness)
+  w = min(PIPELINE_WARMUP, steps // 4)
+  return (done[-1] - done[w - 1]) / (steps - w) if w else done[-1] / steps
+
+
+def update_ends(gens: list[float], train: float, staleness: int) -> list[float]:
+  """When each update ends, step by step (pipelined): decode t (seconds gens[t]) starts at the
+  end of decode t-1 or of update t-1-k, whichever is later; update t at the end of decode t or
+  of update t-1."""
+  done: list[float] = []
+  ready = 0.0  # the sampler's last decode end
+  for t, g in enumerate(gens):
+    weights = done[t - 1 - staleness] if t - 1 - staleness >= 0 else 0.0
+    ready = max(ready, weights) + g
+    done.append(max(ready, done[-1] if done else 0.0) + train)
+  return done
+
+
+def split(w, acc, cal, chips: int, sampler: int, staleness: int = 0) -> Prediction:
+  """The sampler on `sampler` chips and the trainer on the rest; with rollout.max_staleness =
+  k >= 1 the two work at once (pipelined, at the calibration's decode-time variation)."""
   trainer = chips - sampler
   g, t = generation(w, acc, cal, sampler), training(w, acc, cal, trainer)
   s, f = weight_sync(w, acc, chips) * cal.sync_scale, fixed(w, cal, acc, chips)
-  step = (max(g.seconds, t.seconds + s) if overlap else g.seconds + s + t.seconds) + f
-  p = Prediction(chips, "split-overlap" if overlap else "split", sampler, trainer, g.seconds,
-                 t.seconds, t.allreduce, s, f, step, g.rows_per_chip, g.critical, t.rows_per_chip)
+  step = pipelined(g.seconds, t.seconds + s, staleness, cal.gen_cv) + f
+  p = Prediction(chips, f"split k={staleness}" if staleness else "split", sampler, trainer,
+                 g.seconds, t.seconds, t.allreduce, s, f, step, g.rows_per_chip, g.critical,
+                 t.rows_per_chip)
   p.reason = reason(p, acc)
   return p
 
 
-def best_split(w, acc, cal, chips: int, overlap: bool = False) -> Prediction | None:
-  """The sampler:trainer split with the shortest step (None below 2 chips)."""
+def best_split(w, acc, cal, chips: int, staleness: int = 0) -> Prediction | None:
+  """The sampler:trainer split with the shortest step (None below 2 chips): every split at a
+  constant decode time, then the best's neighbours again at the calibrated variation."""
+  flat = dataclasses.replace(cal, gen_cv=0.0)
   best = None
   for s in range(1, chips):
-    p = split(w, acc, cal, chips, s, overlap)
+    p = split(w, acc, flat, chips, s, staleness)
     if best is None or p.step < best.step:
       best = p
-  return best
+  if best is None or not (staleness and cal.gen_cv > 0):
+    return best
+  near = range(max(1, best.sampler - 2), min(chips - 1, best.sampler + 2) + 1)
+  return min((split(w, acc, cal, chips, s, staleness) for s in near), key=lambda p: p.step)
 
 
 def reason(p: Prediction, acc: Accelerator) -> str:
@@ -271,12 +320,15 @@ def reason(p: Prediction, acc: Accelerator) -> str:
 
 
 def predict(w: Workload, acc: Accelerator, cal: Calibration, chips: int, layout: str,
-            sampler: int = 0, overlap: bool = False) -> Prediction:
+            sampler: int = 0, staleness: int = 0) -> Prediction:
+  """One step on `chips` chips. Colocated, one set of chips decodes and trains in turn at any
+  rollout.max_staleness (the model has no overlap to give it); split, the best sampler:trainer
+  split unless `sampler` is given."""
   if layout == "colocated":
     return colocated(w, acc, cal, chips)
   if sampler:
-    return split(w, acc, cal, chips, sampler, overlap)
-  p = best_split(w, acc, cal, chips, overlap)
+    return split(w, acc, cal, chips, sampler, staleness)
+  p = best_split(w, acc, cal, chips, staleness)
   if p is None:
     raise ValueError(f"layout 'split' needs at least 2 chips, got {chips}")
   return p

@@ -57,7 +57,8 @@ class GRPO:
     t, host = time.time(), {}
     old_logp = self.logprobs(self.actor.params, batch) if recompute else sample_logp
     if self.correction.on:  # the trainer's log-probs anchor the clip; the sampler's weight
-      host = self.correction.apply(batch, old_logp, sample_logp)
+      host = self.correction.apply(batch, old_logp, sample_logp,  # the informative ones
+                                   batch.extras["advantages"] != 0)
     else:
       batch.extras["old_logp"] = old_logp
     if self.ref_params is not None:

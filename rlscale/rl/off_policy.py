@@ -31,12 +31,14 @@ import jax.numpy as jnp
 CORRECTIONS = ("none", "tis", "mis", "decoupled")
 
 
-def weights(mode: str, old_logp, behav_logp, mask, cap: float, threshold: float):
+def weights(mode: str, old_logp, behav_logp, mask, cap: float, threshold: float, rows=None):
   """(w [B, N], metrics): the correction's per-token weight (0 off the response tokens) and
   what it did, as token means over the response tokens: off_policy/is_ratio (r's mean),
   is_ratio_max, changed_frac (the tokens whose weight is not r: truncated or masked),
   mismatch_kl (KL(pi_behav || pi_old), the k3 estimate r - 1 - log r on the behaviour's
-  samples) and, for "mis", masked_responses (the fraction of responses masked)."""
+  samples), masked_effective (how many of the responses `rows` [B] marks, the effective batch's
+  (every response when None), have no token left with a weight) and, for "mis",
+  masked_responses (the fraction of responses masked)."""
   if mode not in CORRECTIONS[1:]:
     raise ValueError(f"off-policy correction {mode!r}; known: {', '.join(CORRECTIONS[1:])}")
   m = mask.astype(jnp.float32)
@@ -58,8 +60,11 @@ def weights(mode: str, old_logp, behav_logp, mask, cap: float, threshold: float)
              "off_policy/is_ratio_max": jnp.max(jnp.where(mask, r, 0.0)),
              "off_policy/changed_frac": mean((w != r).astype(jnp.float32)),
              "off_policy/mismatch_kl": mean(r - 1.0 - log_r)}
+  live = jnp.sum(m, axis=-1) > 0
+  counted = live if rows is None else live & rows
+  metrics["off_policy/masked_effective"] = jnp.sum(
+      jnp.where(counted & jnp.all(w == 0, axis=-1), 1, 0))
   if mode == "mis":
-    live = tokens > 0
     metrics["off_policy/masked_responses"] = (
         jnp.sum(jnp.where(live & ~keep, 1.0, 0.0)) / jnp.maximum(jnp.sum(live), 1))
   return w, metrics
@@ -94,14 +99,17 @@ class Correction:
     self.mode = rl.get("off_policy_correction", "none")
     if self.on:
       cap, threshold = float(rl.is_cap), float(rl.get("mis_threshold", 2.0))
-      self._weights = jit(lambda old, behav, mask: weights(self.mode, old, behav, mask, cap,
-                                                           threshold), (True, True, True))
+      self._weights = jit(lambda old, behav, mask, rows: weights(
+          self.mode, old, behav, mask, cap, threshold, rows), (True, True, True, True))
 
   @property
   def on(self) -> bool:
     return self.mode != "none"
 
-  def apply(self, batch, old_logp, behav_logp) -> dict:
-    w, metrics = self._weights(old_logp, behav_logp, batch.resp_mask)
+  def apply(self, batch, old_logp, behav_logp, rows=None) -> dict:
+    """`rows` [B] bool: the responses the effective batch counts (every one when None)."""
+    if rows is None:
+      rows = jnp.any(batch.resp_mask, axis=-1)
+    w, metrics = self._weights(old_logp, behav_logp, batch.resp_mask, rows)
     batch.extras.update(old_logp=old_logp, is_weight=w)
     return metrics

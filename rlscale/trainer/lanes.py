@@ -264,7 +264,8 @@ class LaneRuns:
     s.pendings, s.advances = [], []
     for k, sc in enumerate(scored):
       host = dict(sc.metrics)
-      host["rollout/policy_lag"] = 0
+      host.update({"rollout/policy_lag": 0, "rollout/policy_lag_mean": 0.0,
+                   "rollout/policy_lag_max": 0})
       effective = sc.informative * g if self.group_relative else self.plan.responses
       counters = dict(self.counters[k])
       host.update(rollout.advance(counters, self.plan, self.plan.responses,

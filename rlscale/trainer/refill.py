@@ -87,6 +87,7 @@ class Filled:
   calls: int
   dropped_informative: int
   generate_s: float
+  ahead: int = 0  # trained groups of the calls dispatched before run() (an earlier step's)
 
 
 def _gather(local: np.ndarray) -> np.ndarray:
@@ -133,6 +134,7 @@ class Refill:
     self.filtered_count = 0
     self.traces = 0
     self._place = None
+    self.on_dispatch = None  # called with each call's decode output once dispatched
 
   # --- state a checkpoint keeps ---
 
@@ -162,6 +164,8 @@ class Refill:
     ptoks, pmask = rollout.prompts(self.task, problems, self.G)
     ids = np.arange(mine * self.G, (mine + self.local_prompts) * self.G, dtype=np.int32)
     out = self.sampler(params, ptoks, pmask, key, ids, self.group)
+    if self.on_dispatch is not None:
+      self.on_dispatch(out)
     return Call(first_group, problems, out, round_, pmask.sum(axis=1))
 
   def first_round(self, params, key, stream_first: int) -> "Round":
@@ -185,6 +189,7 @@ class Refill:
     pending = collections.deque(first.calls)
     first.calls = []  # a scored call's rows are dropped as soon as they are written
     round_, left, sent = 1, first.planned - first.sent, first.sent  # left: planned, not sent
+    ahead_calls = first.sent
     t_gen = 0.0
     while True:
       while slots.missing and left and len(pending) < IN_FLIGHT and (
@@ -212,7 +217,10 @@ class Refill:
     step_filtered = float(np.mean(codes != gf.INFORMATIVE))
     self.filtered = gf.FILTERED_DECAY * self.filtered + (1 - gf.FILTERED_DECAY) * step_filtered
     self.filtered_count += 1
-    return self._assemble(buffers, slots, groups, stream_first, round_, sent, t_gen)
+    filled = self._assemble(buffers, slots, groups, stream_first, round_, sent, t_gen)
+    filled.ahead = int(np.sum(slots.informative
+                              & (slots.owner // self.call_prompts < ahead_calls)))
+    return filled
 
   def _expected(self, pending, groups: Groups) -> float:
     """Informative groups the calls in flight should bring: at this step's filtered fraction

@@ -29,6 +29,7 @@ from flax import nnx
 from rlscale.plan import batch
 from rlscale.parallel import distributed
 from rlscale.resolve import resolved
+from rlscale.metrics import busy
 from rlscale.metrics import compiles
 from rlscale.metrics import flops
 from rlscale.metrics import memory_report
@@ -94,6 +95,7 @@ class RLTrainer:
     self.sync = roles.WeightSync(self.meshes, env.rules, keep_copy=self.staleness > 0)
     self.sampler_params = self.sync(self.actor.params)  # the weights that sample, on its mesh
     self.ahead: dict[int, Begun] = {}  # max_staleness: later steps' decodes, dispatched
+    self.busy = busy.Busy()  # the sampler's decodes and the trainer's updates in flight
     self._blank: Rollout | None = None  # an empty IN_FLIGHT slot, made once
     self.sampler = Sampler(self.graphdef, SamplingParams(
         max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_k=ro.top_k,
@@ -117,6 +119,7 @@ class RLTrainer:
       from rlscale.trainer.refill import Refill
       self.refill = Refill(self.sampler, env.task, self.plan.num_prompts, self.plan.group_size,
                            self.plan.generation_batch, ro, env.rules)
+      self.refill.on_dispatch = lambda out: self.busy.track("sampler", out.tokens)
       logging.info("dynamic sampling: groups of equal rewards%s are dropped and refilled, "
                    "%d prompts per decode call, at most %d rounds, oversample %s",
                    f" or reward std <= {ro.filter_min_std:g}" if ro.filter_min_std else "",
@@ -266,6 +269,7 @@ class RLTrainer:
                              begun.prompt_mask, jax.random.fold_in(self.step_key(step), 0),
                              self.plan.generation_batch,
                              group_size=self.plan.group_size)  # G copies prefill once
+    self.busy.track("sampler", begun.rollout.tokens)
     return begun
 
   def _begun(self, step: int, version: int, out, t: float) -> Begun:
@@ -296,7 +300,9 @@ class RLTrainer:
     more_phases, host = self.algo.prepare(seq, sample_logp, scores)
     phases.update(more_phases)
     host.update(scored.metrics)
-    host["rollout/policy_lag"] = (step - 1) - b.version  # updates between sampling and training
+    lag = (step - 1) - b.version  # updates between sampling and training
+    host.update({"rollout/policy_lag": lag, "rollout/policy_lag_mean": float(lag),
+                 "rollout/policy_lag_max": lag})
     host.update(self._sample_axis(self.plan.responses, self.plan.responses,
                                   scored.informative * self.plan.group_size,
                                   host["response_tokens"], scored.fractions, rounds=1))
@@ -342,7 +348,12 @@ class RLTrainer:
     plen, rlen = pmask.sum(axis=1), rmask.sum(axis=1)
     trained_rows = np.repeat(f.trained[self.rows], g)
     host["train_tokens"] = int(distributed.global_sum((rlen + plen)[trained_rows].sum()))
-    host["rollout/policy_lag"] = (step - 1) - b.version  # of round 1
+    # Round 1's calls sent ahead sampled with the weights of b.version; the calls sent in
+    # this step's rounds with those of now (lag 0): the trained responses' lags.
+    lag, ahead = (step - 1) - b.version, f.ahead
+    host.update({"rollout/policy_lag": lag,
+                 "rollout/policy_lag_mean": lag * ahead / max(int(f.trained.sum()), 1),
+                 "rollout/policy_lag_max": lag if ahead else 0})
     codes = gr.cat("codes")
     trained = int(f.trained.sum()) * g
     host.update(self._sample_axis(len(codes) * g, trained, trained, host["response_tokens"],
@@ -367,6 +378,7 @@ class RLTrainer:
     t_update = time.time()
     update_phases, metrics = self.algo.update(seq, jax.random.fold_in(self.step_key(step), 1),
                                               step, by_group)
+    self.busy.track("trainer", metrics)
     self.sampler_params = self.sync(self.actor.params)
     if self.meshes.split:
       update_phases["weight_sync"] = self.sync.seconds
@@ -395,6 +407,12 @@ class RLTrainer:
     for n, m in fetched.items():
       out.update(self.algo.models[n].read(m, by_group))
     out.update(jax.device_get(p.host))  # an algorithm's own metrics may still be on the device
+    masked = out.pop("off_policy/masked_effective", None)
+    if masked is not None:  # the effective batch net of the responses a correction masked
+      n = out["rollout/effective_responses"]
+      out["rollout/effective_batch_kept"] = (out["rollout/effective_batch"] * (n - int(masked))
+                                             / max(n, 1))
+      out["off_policy/masked_effective"] = int(masked)
     return out
 
   def rates(self, p: Pending, wall: float) -> dict[str, float]:
@@ -406,6 +424,8 @@ class RLTrainer:
            "throughput/responses_per_s": p.host["rollout/responses_generated"] / wall,
            "flops/step": sum(step_flops.values()),  # model FLOPs: a report's compute axis
            **memory_report.peaks()}  # the run's memory so far (benchmarks give it per phase)
+    for role in busy.ROLES:  # the step's wall time with none of the role's work in flight
+      out[f"throughput/{role}_idle"] = self.busy.idle(role, p.t_start, p.t_start + wall)
     # A stale step's generate phase is only the wait it caused; so is a refilled step's (its
     # calls decode while the host scores the one before).
     waits = self.staleness > 0 or self.refill is not None
@@ -420,8 +440,11 @@ class RLTrainer:
     return out
 
   def evaluate(self, step: int, stop=None) -> dict[str, float]:
-    return self.evaluator(self.sampler_params, jax.random.fold_in(self.key, EVAL_KEY + step),
-                          stop)
+    t = time.time()
+    out = self.evaluator(self.sampler_params, jax.random.fold_in(self.key, EVAL_KEY + step),
+                         stop)
+    self.busy.add("sampler", t, time.time())  # the sampler's devices evaluate
+    return out
 
   def progress(self, row: dict[str, Any], last_eval: dict[str, float]) -> dict[str, Any]:
     return {"responses": self.counters["responses_seen"], "reward": float(row["reward/mean"]),

@@ -32,8 +32,9 @@ def fake_runs(b_crit=64.0, e_min=1000.0, batches=(8, 16, 32, 64), seeds=5, noise
 def step_time(c0=16.0, c1=1.0):
   """c0 fixed seconds per step plus c1 per response per chip: T(B) = E_min (1/B + 1/B_crit)
   (c0 + c1 B / n) is least at B* = sqrt(c0 B_crit n / c1)."""
-  def step(responses, chips, layout):
-    return c0 + c1 * responses / chips + (0.5 if layout == "split" else 0.0)
+  def step(responses, chips, layout, staleness=0):
+    t = c0 + c1 * responses / chips + (0.5 if layout == "split" else 0.0)
+    return t * (0.6 if staleness else 1.0)  # the sampler ahead: decode beside the update
   return step
 
 
@@ -173,3 +174,58 @@ def test_a_run_from_a_checkpoint_folder_is_that_model(tmp_path):
   (tmp_path / "config.json").write_text(
       '{"model": {"name": "tiny", "hf_checkpoint": "/models/Qwen2.5-0.5B"}}')
   assert advise.run_model(str(tmp_path)) == "/models/Qwen2.5-0.5B"  # name is ignored then
+
+
+def _costs_csv(path, ratios, kind="grpo", correction="none"):
+  """A staleness report's CSV (analysis/sections/staleness.py's columns the advisor reads):
+  {k: {B: ratio}}, intervals +-10%, 5 seeds."""
+  rows = [dict(kind=kind, dynamic_sampling=False, correction=correction, B=b, k=k,
+               ratio_to_k0=r, ratio_lo=r * 0.9, ratio_hi=r * 1.1, ratio_n=5)
+          for k, by_b in ratios.items() for b, r in by_b.items()]
+  rows += [dict(kind=kind, dynamic_sampling=False, correction=correction, B=b, k=0,
+                ratio_to_k0=1.0, ratio_lo=1.0, ratio_hi=1.0, ratio_n=5) for b in (16, 64)]
+  pd.DataFrame(rows).to_csv(path, index=False)
+  return str(path)
+
+
+def test_staleness_costs_read_the_reports_csv_and_the_nearest_batch_stands_in():
+  from analysis.sections import staleness
+  import inspect
+  src = inspect.getsource(staleness._csv)
+  for col in ("ratio_to_k0", "ratio_lo", "ratio_hi", "ratio_n", "dynamic_sampling"):
+    assert f'"{col}"' in src  # the columns the advisor reads are the section's
+  assert staleness.STEM + ".csv" == advise.STALENESS_CSV
+
+
+@pytest.mark.parametrize("ratio, best", [(1.1, "split k=1"), (2.0, "colocated")])
+def test_k_wins_where_its_faster_step_outweighs_its_measured_sample_cost(tmp_path, ratio, best):
+  """The fake pipelined step is 0.6x the synchronous one: k = 1 wins when it costs 1.1x the
+  responses, not when it costs 2x."""
+  costs = advise.staleness_costs(_costs_csv(tmp_path / "s.csv", {1: {16: ratio, 64: ratio}}),
+                                 "grpo", "none")
+  assert [c.b for c in costs[1]] == [16, 64]
+  assert advise.cost_at(costs[1], 32)[0].b == 16 and not advise.cost_at(costs[1], 32)[1]
+  assert advise.cost_at(costs[1], 256) == (costs[1][1], False)  # nearest in log B: 64
+  points, lrs, g, _ = advise.best_lr_points(fake_runs(), {})
+  estimates, _ = advise.from_study(points, lrs)
+  df = advise.choose(estimates, step_time(), [8], ["colocated", "split"], 1, costs)
+  tab = advise.table(df, g).set_index("chips")
+  assert tab.loc[8, "layout"] == best
+  k1 = df[df.k == 1].iloc[0]
+  assert "x" in k1.how and k1.time_lo < k1.time_s < k1.time_hi
+
+
+def test_k_above_0_without_its_measured_cost_is_refused(tmp_path, monkeypatch, capsys):
+  study, run = _study_dir(tmp_path)
+  monkeypatch.setattr(advise, "throughput", lambda *a: (step_time(), "fake step time"))
+  assert advise.main([study, "--run", run, "--max_staleness=0,1"]) == 2
+  assert "--staleness=REPORT_DIR" in capsys.readouterr().err
+  assert advise.main([study, "--run", run, "--max_staleness=1", "--layout=colocated"]) == 2
+  assert "split layout only" in capsys.readouterr().err
+  csv = _costs_csv(tmp_path / "s.csv", {1: {16: 1.1, 64: 1.2}})
+  assert advise.main([study, "--run", run, "--max_staleness=0,4", f"--staleness={csv}"]) == 2
+  assert "no 'none' runs at k = 4" in capsys.readouterr().err
+  assert advise.main([study, "--run", run, "--max_staleness=0,1", f"--staleness={csv}",
+                      "--chips=8"]) == 0
+  text = (tmp_path / "study" / "advice" / "advice.md").read_text()
+  assert "x1.1 at B = 16 (5 seeds)" in text and "split k=1" in text

@@ -73,11 +73,30 @@ def test_split_sums_or_overlaps_and_best_split_is_best():
   acc, w = accelerators.get("h200"), workload()
   p = tm.split(w, acc, CAL, 16, 8)
   assert p.step == pytest.approx(p.generate + p.sync + p.train + p.fixed)
-  q = tm.split(w, acc, CAL, 16, 8, overlap=True)
+  q = tm.split(w, acc, CAL, 16, 8, staleness=1)
   assert q.step == pytest.approx(max(q.generate, q.train + q.sync) + q.fixed)
+  assert q.layout == "split k=1" and p.layout == "split"
   best = tm.best_split(w, acc, CAL, 16)
   assert all(best.step <= tm.split(w, acc, CAL, 16, s).step for s in range(1, 16))
   assert tm.best_split(w, acc, CAL, 1) is None
+
+
+def test_the_pipeline_is_serial_at_k0_bounded_by_the_slower_role_and_absorbs_variation():
+  assert tm.pipelined(3.0, 2.0, 0, cv=0.5) == 5.0  # k = 0: in turn, whatever the variation
+  assert tm.pipelined(3.0, 2.0, 1) == 3.0 and tm.pipelined(1.0, 2.0, 4) == 2.0  # constant
+  # A decode time varying from step to step (sd / mean 0.5), the trainer as fast on average:
+  # one step ahead stalls on slow decodes; more steps ahead queue responses for it.
+  steps = [tm.pipelined(2.0, 2.0, k, cv=0.5) for k in (1, 2, 4, 8)]
+  assert steps == sorted(steps, reverse=True)
+  assert steps[0] > 2.0 * 1.1  # k = 1 loses more than 10% to the variation
+  assert 2.0 <= steps[-1] < steps[0]  # never below the slower role's mean
+  # Worked by hand: decodes of 1, 3, 1, 3 s and a 2 s update. k = 0: in turn, 3 + 5 + 3 + 5.
+  # k = 1: decode t starts at the later of decode t-1's end and update t-2's: decodes end at
+  # 1, 4, 5, 9, updates at 3, 6, 8, 11. k = 2: decode 3 need not wait for update 1: 3, 6, 8, 10.
+  gens = [1.0, 3.0, 1.0, 3.0]
+  assert tm.update_ends(gens, 2.0, 0) == [3.0, 8.0, 11.0, 16.0]
+  assert tm.update_ends(gens, 2.0, 1) == [3.0, 6.0, 8.0, 11.0]
+  assert tm.update_ends(gens, 2.0, 2) == [3.0, 6.0, 8.0, 10.0]
 
 
 def test_generation_and_training_fall_with_chips_until_rows_run_out():

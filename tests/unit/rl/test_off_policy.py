@@ -59,6 +59,17 @@ def test_weights_match_the_hand_written_reference(mode):
   assert 0 < changed < 1  # the draw exercises the bound
   if mode == "mis":
     assert 0 < float(metrics["off_policy/masked_responses"]) < 1
+  # The effective batch loses the responses with tokens and no weight left, of those counted.
+  live = mask.any(axis=1)
+  dead = live & (want == 0).all(axis=1)
+  assert int(metrics["off_policy/masked_effective"]) == dead.sum()
+  rows = np.arange(6) % 2 == 0  # e.g. GRPO's informative responses
+  _, some = off_policy.weights(mode, jnp.asarray(old, jnp.float32),
+                               jnp.asarray(behav, jnp.float32), jnp.asarray(mask), CAP,
+                               THRESHOLD, jnp.asarray(rows))
+  assert int(some["off_policy/masked_effective"]) == (dead & rows).sum()
+  if mode == "mis":
+    assert dead.sum() > 0  # the draw masks some
 
 
 def test_the_loss_multiplies_each_tokens_clipped_loss_by_its_weight():

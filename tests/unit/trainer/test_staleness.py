@@ -97,6 +97,7 @@ def runs(tmp_path_factory, tiny_sft_base):
     out[k] = _run("colocated", tiny_sft_base, str(tmp / f"k{k}"), **{"rollout.max_staleness": k})
   out["ds1"] = _run("dynamic_sampling", tiny_sft_base, str(tmp / "ds1"),
                     **{"rollout.max_staleness": 1})
+  out["dirs"] = {k: str(tmp / n) for k, n in ((0, "k0"), (1, "k1"), (4, "k4"), ("ds1", "ds1"))}
   return out
 
 
@@ -119,6 +120,19 @@ def test_the_golden_rows_tell_k1_from_k0(runs):
 
 
 @pytest.mark.slow(seconds=60)
+def test_every_step_records_the_sampler_and_trainer_idle_fractions(runs):
+  for name in (0, 4, "ds1"):
+    with open(os.path.join(runs["dirs"][name], "metrics.jsonl")) as f:
+      rows = [json.loads(line) for line in f][1:]
+    for r in rows:
+      for role in ("sampler", "trainer"):
+        assert 0 <= r[f"throughput/{role}_idle"] <= 1, (name, r["step"], role)
+    # One set of devices: while one role works the other waits, so neither is idle always.
+    assert any(r["throughput/trainer_idle"] > 0 for r in rows), name
+    assert any(r["throughput/sampler_idle"] < 1 for r in rows), name
+
+
+@pytest.mark.slow(seconds=60)
 def test_k0_is_the_synchronous_loop_bit_for_bit(runs):
   assert runs[0] == runs["default"]
   assert [r.get("rollout/policy_lag") for r in runs[0]] == [None] + [0] * STEPS
@@ -130,6 +144,10 @@ def test_no_step_trains_on_responses_more_than_k_updates_old(runs):
   lags = [r["rollout/policy_lag"] for r in runs[4][1:]]
   assert lags == [min(4, t - 1) for t in range(1, STEPS + 1)] and max(lags) <= 4
   assert [r["rollout/policy_lag"] for r in runs[1][1:]] == [0] + [1] * (STEPS - 1)
+  for r in runs[4][1:] + runs[1][1:]:  # one lag a step: its mean and max
+    assert r["rollout/policy_lag_mean"] == r["rollout/policy_lag_max"] == r["rollout/policy_lag"]
+  for r in runs["ds1"][1:]:  # refill rounds sample with the newest weights: lag 0
+    assert 0 <= r["rollout/policy_lag_mean"] <= r["rollout/policy_lag_max"] <= 1
   # Step 1 samples with the base at every k: the same responses and update.
   for k in (1, 4):
     assert runs[k][1]["response_tokens"] == runs[0][1]["response_tokens"]
@@ -174,6 +192,11 @@ def test_each_correction_runs_stale_and_records_what_it_did(tmp_path, tiny_sft_b
     assert 0 <= r["off_policy/changed_frac"] <= 1 and r["off_policy/mismatch_kl"] >= -1e-6
   assert rows[1]["off_policy/is_ratio"] == pytest.approx(1.0, abs=1e-3)  # lag 0: pi_old = pi_behav
   assert [r["rollout/policy_lag"] for r in rows[1:]] == [0, 1, 2, 2]
+  for r in rows[1:]:  # the effective batch net of the responses left without weight
+    kept = r["rollout/effective_batch"] * (1 - r["off_policy/masked_effective"]
+                                           / max(r["rollout/effective_responses"], 1))
+    assert r["rollout/effective_batch_kept"] == pytest.approx(kept)
+    assert 0 <= r["off_policy/masked_effective"] <= r["rollout/effective_responses"]
   with open(os.path.join(run_dir, "summary.json")) as f:
     compilations = json.load(f)["compilations"]
   assert compilations["actor"] == 1 and compilations["sampler"] == 1, compilations
