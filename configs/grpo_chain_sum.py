@@ -161,9 +161,19 @@ def sweeps(arg: str | None = None) -> dict[str, list[dict]]:
       sw.product({"rollout.max_staleness": [1, 2] if tiny else [1, 2, 4, 8]},
                  {"rl.off_policy_correction": ["none", "tis", "mis", "decoupled"]},
                  stale_each, stale_seeds, stale_common))
+  # A configuration the study did not run, to check the advisor's prediction of it
+  # (analysis/advise.py on docs/study: its B = 512 row, E from the study's fit of E(B), the rate
+  # the sqrt rule from B = 256's chosen 4e-4): P = 64 at 5.66e-4, 5 seeds the study never used,
+  # evaluated as B = 256 is, stopped at 1.25 x its crossing.
+  heldout = sw.product({"p": [4] if tiny else [64], "lr": [LR0 if tiny else 5.66e-4],
+                        "responses": [64 if tiny else 16384],
+                        "train.eval_every_responses": [spacing(32)]},
+                       {"seed": [200, 201] if tiny else [200, 201, 202, 203, 204]},
+                       stale_common)  # the study's evaluation, target 0.51 and stop
   return {
       "dynamic_sampling": filtered,
       "staleness": staleness,
+      "heldout": heldout,
       # The reference batch at the starting rate on the scan's seeds, evaluated at its start
       # and end only: the study's target is a fraction of the gain it makes.
       "reference": sw.product({"p": [ref], "lr": [LR0], "responses": [ref_budget]},
