@@ -10,7 +10,9 @@ A series maps B to one configuration of one kind at its main G, with a reference
 - "<rule> from lr X": runs whose lr followed a scaling rule (sqrt, linear) from a base lr X.
 Only verdict configurations (stats over seeds no stage chose with) enter a series. Runs with
 dynamic sampling (rollout.dynamic_sampling: groups without signal dropped and refilled) and
-without it make separate series; the former's names end in "filtered".
+without it make separate series; the former's names end in "filtered". So do runs of each
+staleness bound and off-policy correction (rollout.max_staleness = k, rl.off_policy_correction):
+their names end in "k=2" and the correction's name, k = 0 without one as before.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class Series:
   b0: int
   note: str = ""
   filtered: bool = False  # dynamic sampling on (the name ends in " filtered")
+  staleness: int = 0  # rollout.max_staleness (the name ends in " k=<k>" when > 0)
+  correction: str = "none"  # rl.off_policy_correction (named when not "none")
   chosen: bool = False  # the chosen-lr series (a rate chosen per B), whatever its name
   # B -> (log E(B, chosen) - log E(B, optimum), minus the reference's; the variance of that
   # difference): the joint fit's reading at the fitted optimum (rlscale/study/lr_fit.py).
@@ -139,16 +143,22 @@ def series(study: st.Study, table: pd.DataFrame) -> list[Series]:
     g = st.main_group_size(table, kind)
     at_g = table[(table.kind == kind) & (table.G == g) & (table.tuning_seeds == 0)]
     filtered = at_g.dynamic_sampling.fillna(False).astype(bool)
-    for on in (False, True):
-      d = at_g[filtered == on]
-      if d.empty:
-        continue
+    k = (at_g.max_staleness.fillna(0).astype(int) if "max_staleness" in at_g
+         else pd.Series(0, index=at_g.index))
+    corr = (at_g.off_policy_correction.fillna("none").astype(str)
+            if "off_policy_correction" in at_g else pd.Series("none", index=at_g.index))
+    parts = sorted({(bool(f), int(a), str(c)) for f, a, c in zip(filtered, k, corr)},
+                   key=lambda p: (p[0], p[1], p[2] != "none", p[2]))
+    for on, stale, correction in parts:
+      d = at_g[(filtered == on) & (k == stale) & (corr == correction)]
       d = d[d.num_minibatches == d.num_minibatches.mode().iloc[0]]
       b0 = float(d.B0.mode().iloc[0]) if d.B0.notna().any() else float(d.B.min())
       ss = (_best(study, kind, d, b0) + _runner_up(study, kind, d, b0) + _fixed(kind, d, b0)
             + _rules(study, kind, d, b0))
+      tail = ((" filtered" if on else "") + (f" k={stale}" if stale else "")
+              + (f" {correction}" if correction != "none" else ""))
       for s in ss:
-        s.name, s.filtered = (f"{s.name} filtered", True) if on else (s.name, False)
+        s.name, s.filtered, s.staleness, s.correction = (s.name + tail, on, stale, correction)
       out += ss
   return out
 

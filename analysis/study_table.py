@@ -464,7 +464,8 @@ def _row(point: Point, run: Run | None, warnings: list[str], tuning: set[str]
     return dict(row, problem=problem or f"config: {str(e).splitlines()[-1].strip()}")
   optim_cfg = run.config.get("optim", {})
   row.update(kind=run.config.get("kind"), seed=run.config.get("seed"),
-             dynamic_sampling=run.dynamic_sampling, P=plan.num_prompts,
+             dynamic_sampling=run.dynamic_sampling, max_staleness=staleness_of(run.config),
+             off_policy_correction=correction_of(run.config), P=plan.num_prompts,
              G=plan.group_size, responses_per_step=plan.responses, B=plan.batch,
              B_prompts=plan.batch_prompts, num_minibatches=plan.main.num_minibatches,
              lr=float(f"{lr:.4g}"), lr_rule=optim_cfg.get("lr_scaling", "none"),
@@ -701,8 +702,19 @@ def seed_values(study: Study, config: str, column: str = "responses_to_target",
   return v[~np.isnan(v)]
 
 
-_DESCRIBE = ["label", "kind", "dynamic_sampling", "P", "G", "responses_per_step", "B", "B_prompts",
-             "num_minibatches", "lr", "lr_rule", "chips", "B0", "warmup", "grad_clip"]
+_DESCRIBE = ["label", "kind", "dynamic_sampling", "max_staleness", "off_policy_correction", "P",
+             "G", "responses_per_step", "B", "B_prompts", "num_minibatches", "lr", "lr_rule",
+             "chips", "B0", "warmup", "grad_clip"]
+
+
+def staleness_of(config: dict) -> int:
+  """A run's k: rollout.max_staleness (an old run's rollout.overlap renamed at load)."""
+  return int((config.get("rollout") or {}).get("max_staleness") or 0)
+
+
+def correction_of(config: dict) -> str:
+  """A run's rl.off_policy_correction ("none" where it has none)."""
+  return str((config.get("rl") or {}).get("off_policy_correction") or "none")
 
 
 def config_table(study: Study, target: float | None = None) -> pd.DataFrame:

@@ -52,23 +52,11 @@ STEM = "9_rtt_vs_staleness"
 K0 = "k = 0"  # a row's state: it is the reference of its B
 
 
-def staleness_of(config: dict) -> int:
-  """A run's k: rollout.max_staleness (an old run's rollout.overlap renamed at load)."""
-  return int((config.get("rollout") or {}).get("max_staleness") or 0)
-
-
-def correction_of(config: dict) -> str:
-  """A run's rl.off_policy_correction ("none" where it has none)."""
-  return str((config.get("rl") or {}).get("off_policy_correction") or "none")
-
-
 def with_staleness(study: st.Study, table: pd.DataFrame) -> pd.DataFrame:
-  """The configuration table with each configuration's k and correction (`k`, `correction`),
-  read from the config of its first verdict run."""
-  first = study.verdict_runs().groupby("config").run.first()
-  cfgs = [study.records[first[c]].config for c in table.config]
-  return table.assign(k=[staleness_of(c) for c in cfgs],
-                      correction=[correction_of(c) for c in cfgs])
+  """The configuration table with each configuration's k and correction (`k`, `correction`:
+  the table's max_staleness and off_policy_correction, from its first verdict run)."""
+  return table.assign(k=table.max_staleness.fillna(0).astype(int),
+                      correction=table.off_policy_correction.fillna("none").astype(str))
 
 
 def groups(t: pd.DataFrame) -> dict[tuple[str, bool, str], pd.DataFrame]:

@@ -286,3 +286,20 @@ def test_without_the_batches_the_bracket_and_fit_need_they_say_why(tmp_path):
   r = cell(sec.facts["cells"], 64, 2)
   assert r.ratio.n == 3 and r.ratio.point == pytest.approx(truth(2, 64), rel=0.1)
   assert "(n=3, " in iv(r.ratio, "×")
+
+
+def test_the_reports_batch_series_are_one_per_k_and_correction(tmp_path):
+  """analysis/series.py: configurations of different k or correction never share a series
+  (before, one fixed-lr series took the first configuration at each B, whatever its k);
+  k = 0 without a correction keeps its plain name."""
+  from analysis import series as se
+  write_grid(str(tmp_path), (2, 4, 16), (0, 4), stage="none")  # a fixed lr at three B
+  write_grid(str(tmp_path), (2, 4, 16), (4,), stage="tis", correction="tis", cost=C / 50)
+  study, table = read(str(tmp_path))
+  got = {(s.staleness, s.correction): s for s in se.series(study, table)}
+  assert set(got) == {(0, "none"), (4, "none"), (4, "tis")}
+  assert not got[(0, "none")].name.endswith(("k=4", "tis"))
+  assert got[(4, "none")].name.endswith(" k=4") and got[(4, "tis")].name.endswith(" k=4 tis")
+  for (k, corr), s in got.items():
+    rows = table.set_index("config").loc[list(s.configs.values())]
+    assert set(rows.max_staleness) == {k} and set(rows.off_policy_correction) == {corr}
