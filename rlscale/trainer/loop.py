@@ -192,6 +192,13 @@ class Loop:
     try:  # skips damaged steps
       step, state, meta = self.ckpt.restore_latest(self.trainer.state(), at_most)
     except CheckpointMismatch as e:  # a user's change (--allow_config_change), in one line
+      if "in_flight" in str(e):  # the decodes in flight a stale run's checkpoint keeps
+        k = (self.cfg.get("rollout") or {}).get("max_staleness", 0)
+        raise ConfigError(
+            f"{e}: the checkpoint keeps another number of decodes in flight than "
+            f"rollout.max_staleness={k} does (one saved at another k, or before a stale run's "
+            f"checkpoint kept its decodes); resume with the max_staleness it was saved with "
+            f"(0 for a checkpoint without decodes in flight), or give another --workdir") from e
       raise ConfigError(f"{e}: this config's model or optimizer state differs from the one "
                         f"the checkpoints were saved with; resume with that config, or give "
                         f"another --workdir") from e

@@ -66,3 +66,25 @@ def test_an_old_run_resumes_and_adds_the_steps_it_would_have_run(tmp_path, commi
     assert {k: a[k] for k in common} == {k: b[k] for k in common}, mine["step"]
   with open(run / "summary.json") as f:
     assert json.load(f)["step"] == 4
+
+
+@pytest.mark.slow(seconds=30)
+def test_a_checkpoint_without_decodes_in_flight_resumed_stale_is_one_line(tmp_path):
+  """An old run resumed at rollout.max_staleness = 1 (the change allowed): its checkpoint
+  holds no decodes in flight, and the error says so and what to do (before: "this config's
+  model or optimizer state differs")."""
+  run = tmp_path / "grpo_tiny_038b5a4"
+  shutil.copytree(os.path.join(FIXTURES, "grpo_tiny_038b5a4"), run)
+  xla = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                 if not f.startswith("--xla_force_host_platform_device_count"))
+  env = dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS=xla)
+  p = subprocess.run([sys.executable, os.path.join(REPO, "launch", "main.py"),
+                      "--config=configs/grpo.py:tiny", "--config.task.partial_credit=True", SFT,
+                      "--config.train.num_steps=4", "--config.rollout.max_staleness=1",
+                      "--allow_config_change=train.num_steps,rollout.max_staleness",
+                      f"--workdir={run}"], cwd=tmp_path, env=env, capture_output=True,
+                     text=True)
+  assert p.returncode != 0
+  last = p.stderr.strip().splitlines()[-1]
+  assert "rollout.max_staleness=1" in last and "decodes in flight" in last, p.stderr[-2000:]
+  assert "Traceback" not in p.stderr
