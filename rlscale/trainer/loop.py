@@ -237,6 +237,12 @@ class Loop:
     try:
       state, meta = ckpt.restore(step, self.trainer.state())
     except CheckpointMismatch as e:
+      if "in_flight" in str(e):  # a stale parent's (or branch's) decodes in flight
+        raise ConfigError(
+            f"init.branch_from={parent!r}: {e}: the run it branches from and this branch keep "
+            "decodes in flight of other numbers or shapes (rollout.max_staleness, the batch); "
+            "a branch restores them only to drop them, so it needs the parent's "
+            "max_staleness and batch, or a parent saved at max_staleness=0") from e
       raise ConfigError(f"init.branch_from={parent!r}: {e}: the branch's model or optimizer "
                         "differs from the run it branches from") from e
     finally:
