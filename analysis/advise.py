@@ -316,6 +316,11 @@ def staleness_costs(path: str, kind: str, correction: str) -> dict[int, list[Cos
     raise Refusal(f"--staleness={path}: no {STALENESS_CSV} (the report of a sweep over "
                   "rollout.max_staleness writes it)")
   d = pd.read_csv(csv)
+  axes = set(d.get("sample_axis", pd.Series(dtype=str)).dropna())
+  from analysis import runs as runs_lib
+  if axes and axes != {runs_lib.axis_label(runs_lib.GENERATED)}:
+    raise Refusal(f"--staleness={path}: its ratios count {', '.join(sorted(axes))}; the "
+                  "advisor's E counts responses generated (report it with the default axis)")
   d = d[(d.kind == kind) & ~d.dynamic_sampling.astype(bool) & (d.correction == correction)
         & (d.k > 0)]
   if d.empty:
@@ -323,7 +328,7 @@ def staleness_costs(path: str, kind: str, correction: str) -> dict[int, list[Cos
                   f"{correction!r} there")
   out: dict[int, list[Cost]] = {}
   for r in d.itertuples():
-    if r.ratio_n and np.isfinite(r.ratio_to_k0):
+    if r.ratio_n and all(np.isfinite([r.ratio_to_k0, r.ratio_lo, r.ratio_hi])):
       out.setdefault(int(r.k), []).append(Cost(int(r.B), float(r.ratio_to_k0), float(r.ratio_lo),
                                                float(r.ratio_hi), int(r.ratio_n)))
   return out

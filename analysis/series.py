@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 import pandas as pd
 
 from analysis import study_table as st
+from rlscale.rl import off_policy
 
 
 @dataclasses.dataclass
@@ -49,12 +51,25 @@ class Series:
 
 
 CHOSEN = "chosen lr"
+OFF_POLICY = off_policy.CORRECTIONS[1:]  # rl.off_policy_correction's names, as series end
 _LEGACY = "best lr"  # the chosen series' name before it was named after its rule
 
 
 def is_chosen(name: str) -> bool:
   """Whether a series name (as in the invariance rows) is a chosen-lr series'."""
   return name.startswith((CHOSEN, _LEGACY))
+
+
+_TAIL = re.compile(r"( filtered)?( k=\d+)?( [a-z]+)?$")  # series(): what a name's end says
+
+
+def is_plain(name: str) -> bool:
+  """Whether a series name is of runs without dynamic sampling, at k = 0 and without an
+  off-policy correction (its name carries none of series()'s endings)."""
+  m = _TAIL.search(name)
+  tail = m.group(0) if m else ""
+  return not (" filtered" in tail or " k=" in tail
+              or (m and m.group(3) and m.group(3).strip() in OFF_POLICY))
 
 
 def chosen_rule(study: st.Study, kind: str) -> str | None:

@@ -250,7 +250,7 @@ def series_bracket(study: st.Study, g: pd.DataFrame, reps: int = 1000) -> dict:
 def _over_both_rates(rows: pd.DataFrame, tolerance: float) -> str | None:
   """The bracket over a kind's chosen and runner-up series together: the verdict does not rest
   on which of two close rates was chosen. None without both series."""
-  chosen = rows[[se.is_chosen(n) and not n.endswith(" filtered") for n in rows.series]]
+  chosen = rows[[se.is_chosen(n) and se.is_plain(n) for n in rows.series]]
   second = rows[rows.series == se.RUNNER_UP]
   if chosen.empty or second.empty:
     return None

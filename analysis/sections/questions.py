@@ -59,7 +59,7 @@ def _chosen_rows(done: dict, kind: str) -> pd.DataFrame | None:
   if rows is None:
     return None
   names = [n for n in rows[rows.kind == kind].series.unique()
-           if se.is_chosen(n) and not n.endswith(" filtered")]
+           if se.is_chosen(n) and se.is_plain(n)]
   r = rows[(rows.kind == kind) & (rows.series == names[0])] if names else rows.iloc[:0]
   return r if len(r) else None
 

@@ -55,8 +55,10 @@ K0 = "k = 0"  # a row's state: it is the reference of its B
 def with_staleness(study: st.Study, table: pd.DataFrame) -> pd.DataFrame:
   """The configuration table with each configuration's k and correction (`k`, `correction`:
   the table's max_staleness and off_policy_correction, from its first verdict run)."""
-  return table.assign(k=table.max_staleness.fillna(0).astype(int),
-                      correction=table.off_policy_correction.fillna("none").astype(str))
+  k = table.max_staleness if "max_staleness" in table else pd.Series(0, index=table.index)
+  corr = (table.off_policy_correction if "off_policy_correction" in table
+          else pd.Series("none", index=table.index))
+  return table.assign(k=k.fillna(0).astype(int), correction=corr.fillna("none").astype(str))
 
 
 def groups(t: pd.DataFrame) -> dict[tuple[str, bool, str], pd.DataFrame]:

@@ -59,9 +59,12 @@ def medians(rows: list[dict], skip: int = SKIP_STEPS) -> dict[str, float]:
   out = {k: med(lambda r, k=k: float(r.get(k, 0.0))) for k in
          TRAIN_KEYS + FIXED_KEYS + ("time/generate", "time/weight_sync", "response_tokens",
                                     "train_tokens", "flops/step")}
+  # The decode time's step-to-step variation: from successive differences (sd / sqrt 2), so
+  # that a drift over the run (responses growing longer) is not read as jitter.
   gen = [float(r.get("time/generate", 0.0)) for r in steps]
-  out["gen_cv"] = (statistics.pstdev(gen) / statistics.fmean(gen)
-                   if len(gen) > 1 and statistics.fmean(gen) > 0 else 0.0)
+  diffs = [b - a for a, b in zip(gen, gen[1:])]
+  out["gen_cv"] = (statistics.pstdev(diffs) / math.sqrt(2) / statistics.fmean(gen)
+                   if len(diffs) > 1 and statistics.fmean(gen) > 0 else 0.0)
   out["train"] = med(lambda r: sum(float(r.get(k, 0.0)) for k in TRAIN_KEYS))
   out["step"] = med(lambda r: float(r["time/step"]) - sum(float(r.get(k, 0.0))
                                                           for k in NOT_STEP_KEYS))

@@ -251,7 +251,8 @@ def pipelined(generate: float, train: float, staleness: int, cv: float = 0.0,
   gens = [generate * math.exp(rng.gauss(-sigma * sigma / 2, sigma)) for _ in range(steps)]
   done = update_ends(gens, train, staleness)
   w = min(PIPELINE_WARMUP, steps // 4)
-  return (done[-1] - done[w - 1]) / (steps - w) if w else done[-1] / steps
+  sim = (done[-1] - done[w - 1]) / (steps - w) if w else done[-1] / steps
+  return max(sim, generate, train)  # the draws' own mean can fall short of `generate`
 
 
 def update_ends(gens: list[float], train: float, staleness: int) -> list[float]:

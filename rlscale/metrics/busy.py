@@ -30,9 +30,10 @@ class Busy:
     self.spans: dict[str, list[list[float | None]]] = {r: [] for r in ROLES}
     self._lock = threading.Lock()
 
-  def track(self, role: str, outputs: Any) -> None:
-    """Work was just dispatched to `role`; it is done when `outputs` are ready."""
-    span: list[float | None] = [self.clock(), None]
+  def track(self, role: str, outputs: Any, start: float | None = None) -> None:
+    """Work was dispatched to `role` (now, or at `start`: a call that blocked on part of it
+    before returning); it is done when `outputs` are ready."""
+    span: list[float | None] = [self.clock() if start is None else start, None]
     with self._lock:
       self.spans[role].append(span)
 

@@ -44,6 +44,7 @@ class GRPO:
     self.logprobs = response_fn(forward, "logp", ctx.env.mesh, ctx.env.rules,
                                 algorithm.batch_group(ctx), ctx.plan.main.pack, ctx.lanes)
     advantage, g = ADVANTAGES.get(r.advantage), r.group_size
+    self.group = g
     self.advantages = ctx.jit(lambda scores: advantage(scores.reshape(-1, g)).reshape(-1),
                               (True,))
     self.correction = off_policy.Correction(r, ctx.jit)
@@ -57,8 +58,10 @@ class GRPO:
     t, host = time.time(), {}
     old_logp = self.logprobs(self.actor.params, batch) if recompute else sample_logp
     if self.correction.on:  # the trainer's log-probs anchor the clip; the sampler's weight
-      host = self.correction.apply(batch, old_logp, sample_logp,  # the informative ones
-                                   batch.extras["advantages"] != 0)
+      adv, g = batch.extras["advantages"], self.group  # rows of the effective batch: every
+      informative = jnp.any(adv.reshape(*adv.shape[:-1], -1, g) != 0, axis=-1)  # response of
+      rows = jnp.repeat(informative, g, axis=-1)  # a group whose advantages are not all 0
+      host = self.correction.apply(batch, old_logp, sample_logp, rows)
     else:
       batch.extras["old_logp"] = old_logp
     if self.ref_params is not None:

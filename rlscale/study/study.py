@@ -333,7 +333,13 @@ def step_from(value: float, tried: list[float], steps: int) -> float:
                       f"tried {grid}")
   edge, inner = (grid[-1], grid[-2]) if i >= len(grid) else (grid[0], grid[1])
   past = i - (len(grid) - 1) if i >= len(grid) else -i
-  return _round(edge * (edge / inner) ** past)
+  # The ratio of two rounded rates (2e-4 / 1.41e-4 = 1.418) is a power of sqrt(2) off by the
+  # rounding: snapped to it within 2%, so that the rates stay on the grid (1e-4 down: 5e-5).
+  ratio = edge / inner
+  snapped = 2 ** (round(2 * math.log2(ratio)) / 2)
+  if abs(ratio / snapped - 1) < 0.02:
+    ratio = snapped
+  return _round(edge * ratio ** past)
 
 
 def _round(value: float) -> float:
@@ -400,7 +406,7 @@ class StudyRunner:
         return None  # no finished run of that group to choose from (logged by points_of)
       out[k] = values[group]
       if mod.startswith("@"):
-        tried = [t[chosen["key"]] for t in chosen.get("tables", {}).get(group, [])]
+        tried = [t[_chosen_key(self, chosen)] for t in chosen.get("tables", {}).get(group, [])]
         out[k] = step_from(values[group], tried, int(mod[1:]))
     return out
 

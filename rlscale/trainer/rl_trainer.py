@@ -297,7 +297,9 @@ class RLTrainer:
                                  self.env.rules)
     scores = sharding.put_batch(scored.rewards, self.env.mesh, self.env.rules)
     sample_logp, = roles.to_mesh([b.rollout.logprobs], self.env.mesh, self.env.rules)
+    t_prep = time.time()  # the trainer's forward passes (old, reference log-probs, values)
     more_phases, host = self.algo.prepare(seq, sample_logp, scores)
+    self.busy.add("trainer", t_prep, time.time())
     phases.update(more_phases)
     host.update(scored.metrics)
     lag = (step - 1) - b.version  # updates between sampling and training
@@ -338,7 +340,9 @@ class RLTrainer:
                                  self.env.mesh, self.env.rules)
     scores = sharding.put_batch(f.rewards, self.env.mesh, self.env.rules)
     sample_logp, = roles.to_mesh([f.logprobs], self.env.mesh, self.env.rules)
+    t_prep = time.time()  # the trainer's forward passes (old, reference log-probs, values)
     more_phases, host = self.algo.prepare(seq, sample_logp, scores)
+    self.busy.add("trainer", t_prep, time.time())
     phases.update(more_phases)
     gr = f.groups
     host.update(rollout.group_metrics(gr.cat("rewards"), gr.cat("correct"), gr.cat("finished"),
@@ -378,7 +382,7 @@ class RLTrainer:
     t_update = time.time()
     update_phases, metrics = self.algo.update(seq, jax.random.fold_in(self.step_key(step), 1),
                                               step, by_group)
-    self.busy.track("trainer", metrics)
+    self.busy.track("trainer", metrics, start=t_update)  # PPO's critic blocked within
     self.sampler_params = self.sync(self.actor.params)
     if self.meshes.split:
       update_phases["weight_sync"] = self.sync.seconds

@@ -90,6 +90,8 @@ def test_the_pipeline_is_serial_at_k0_bounded_by_the_slower_role_and_absorbs_var
   assert steps == sorted(steps, reverse=True)
   assert steps[0] > 2.0 * 1.1  # k = 1 loses more than 10% to the variation
   assert 2.0 <= steps[-1] < steps[0]  # never below the slower role's mean
+  assert all(tm.pipelined(g, 1.0, k, cv=0.3, seed=s) >= g  # even where a seed's draws
+             for g in (1.0, 3.0) for k in (1, 8) for s in range(20))  # average below g
   # Worked by hand: decodes of 1, 3, 1, 3 s and a 2 s update. k = 0: in turn, 3 + 5 + 3 + 5.
   # k = 1: decode t starts at the later of decode t-1's end and update t-2's: decodes end at
   # 1, 4, 5, 9, updates at 3, 6, 8, 11. k = 2: decode 3 need not wait for update 1: 3, 6, 8, 10.

@@ -54,3 +54,13 @@ def test_a_tracked_computation_is_busy_until_its_outputs_are_ready():
       break
     time.sleep(0.01)
   assert b.spans["trainer"][0][1] is not None
+
+
+def test_work_that_began_before_its_outputs_were_handed_over_is_busy_from_then():
+  b = busy.Busy(clock=lambda: 10.0)
+  b.track("trainer", {"x": jnp.ones(2)}, start=4.0)  # a call that blocked from t = 4
+  for _ in range(100):
+    if b.spans["trainer"][0][1] is not None:
+      break
+    time.sleep(0.01)
+  assert b.spans["trainer"][0] == [4.0, 10.0]

@@ -153,7 +153,8 @@ def test_a_step_from_a_choice_is_its_neighbour_in_the_scan_or_the_grid_continued
   assert study.step_from(1.41e-4, tried, +1) == 2e-4
   assert study.step_from(1.41e-4, tried, 0) == 1.41e-4
   assert study.step_from(2.83e-4, tried, +1) == 4e-4  # 2.83e-4^2 / 2e-4, 3 figures
-  assert study.step_from(1e-4, tried, -2) == 5.03e-5  # 1e-4 / 1.41^2
+  assert study.step_from(1e-4, tried, -2) == 5e-5  # 1.41 / 1 read as sqrt(2): on the grid
+  assert study.step_from(3e-4, [1e-4, 3e-4], 1) == 9e-4  # no power of sqrt(2): as measured
   with pytest.raises(ConfigError, match="at least two"):
     study.step_from(1e-4, [1e-4], 1)
 

@@ -10,9 +10,12 @@ and four steps of training amplify it in the quantities that are small differenc
 on the recording machine (AVX-512) run with --xla_cpu_max_isa=AVX2: integers, rewards and
 evaluations exact; the largest relative differences 0.26 in the noise scale's per-response
 estimates (actor/noise_*), 0.054 in actor/approx_kl, 0.033 in the gradient norms, 5e-4 in the
-losses and entropy, 3e-5 in the ratio. The tolerances (TOLERANCES) sit about 2-20x above those;
-at them the synchronous loop's rows (k = 0) still fail (approx_kl differs by 1.0, the gradient
-norm by 0.27, the loss by 0.17: test_the_golden_rows_tell_k1_from_k0). To record them again
+losses and entropy, 3e-5 in the ratio; CI's machine differed by 0.27% in approx_kl. The
+tolerances (TOLERANCES) are 1.9x, 2.8x, 3x, 20x and 33x (RTOL 1e-3) those: the margins rest on
+one other instruction set, not on many machines. At them the synchronous loop's rows (k = 0)
+still fail (approx_kl differs by 1.0, the gradient norm by 0.27, the loss by 0.17:
+test_the_golden_rows_tell_k1_from_k0): a sanity check, not proof that a subtler k = 1 bug would
+be caught (the lag and step-1 tests below check the schedule itself). To record them again
 (only from code whose k = 1 is known right):
 XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \\
     python -m tests.unit.trainer.test_staleness
@@ -31,9 +34,10 @@ from tests.support import REPO
 
 GOLDEN = os.path.join(REPO, "tests", "support", "fixtures", "staleness_k1_golden.json")
 MACHINE = ("time/", "memory/", "throughput/", "mfu/", "wall_time")  # not the computation's
-RTOL, ATOL = 1e-2, 1e-6  # every float key not in TOLERANCES
+RTOL, ATOL = 1e-3, 1e-6  # every float key not in TOLERANCES
 # Relative tolerances by key (the first fragment found in it wins), see the docstring.
-TOLERANCES = (("/noise_", 0.5), ("approx_kl", 0.15), ("grad_norm", 0.1))
+TOLERANCES = (("/noise_", 0.5), ("approx_kl", 0.15), ("grad_norm", 0.1), ("loss", 1e-2),
+              ("entropy", 1e-2))
 STEPS = 4
 VARIANTS = {"colocated": "grpo.py", "dynamic_sampling": "grpo.py+ds"}
 
