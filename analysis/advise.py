@@ -445,13 +445,8 @@ def figure(df: pd.DataFrame, out: str, title: str) -> list[str]:
   return figures.save(fig, data, out, "advice")
 
 
-def _staleness_list(text: str) -> list[int]:
-  from analysis.scale import _staleness
-  return _staleness(text)
-
-
 def parse(argv=None) -> argparse.Namespace:
-  from analysis.scale import _chip_counts
+  from analysis.scale import _chip_counts, _staleness
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("dir", help="a study's directory or report directory, or a probe's")
   ap.add_argument("--run", required=True, help="a finished run of the task to calibrate the "
@@ -466,7 +461,7 @@ def parse(argv=None) -> argparse.Namespace:
   ap.add_argument("--dtype", default="")
   ap.add_argument("--kind", default="", help="the study's algorithm (default: grpo if run)")
   ap.add_argument("--layout", default="both", choices=["colocated", "split", "both"])
-  ap.add_argument("--max_staleness", default="0", type=_staleness_list,
+  ap.add_argument("--max_staleness", default="0", type=_staleness,
                   help="comma-separated k of rollout.max_staleness to weigh on the split "
                   "layout (k > 0 needs --staleness)")
   ap.add_argument("--staleness", default="", help="the report directory of a sweep over "

@@ -33,6 +33,23 @@ def _numbers(row):
   return {k: v for k, v in row.items() if not k.startswith(MACHINE)}
 
 
+def _resume(tmp_path, commit: str, *flags: str):
+  """A copy of the fixture of `commit` extended to 4 steps with `flags`: (its folder, the
+  finished process). On one device, as it was written (the tests' 8 simulated devices would lay
+  it out anew); from a folder of its own (the fixture's init.cache_dir is the relative
+  runs/base)."""
+  run = tmp_path / f"grpo_tiny_{commit}"
+  shutil.copytree(os.path.join(FIXTURES, f"grpo_tiny_{commit}"), run)
+  xla = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                 if not f.startswith("--xla_force_host_platform_device_count"))
+  env = dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS=xla)
+  p = subprocess.run([sys.executable, os.path.join(REPO, "launch", "main.py"),
+                      "--config=configs/grpo.py:tiny", "--config.task.partial_credit=True", SFT,
+                      "--config.train.num_steps=4", *flags, f"--workdir={run}"],
+                     cwd=tmp_path, env=env, capture_output=True, text=True)
+  return run, p
+
+
 # ba4a25a: run format 0 (no run_format.json); 038b5a4: format 1 (resolve/experiment.RUN_FORMAT).
 COMMITS = ["ba4a25a", "038b5a4"]
 
@@ -40,18 +57,7 @@ COMMITS = ["ba4a25a", "038b5a4"]
 @pytest.mark.slow(seconds=40)
 @pytest.mark.parametrize("commit", COMMITS)
 def test_an_old_run_resumes_and_adds_the_steps_it_would_have_run(tmp_path, commit):
-  run = tmp_path / f"grpo_tiny_{commit}"
-  shutil.copytree(os.path.join(FIXTURES, f"grpo_tiny_{commit}"), run)
-  # On one device, as it was written (the tests' 8 simulated devices would lay it out anew).
-  xla = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
-                 if not f.startswith("--xla_force_host_platform_device_count"))
-  env = dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS=xla)
-  # From a folder of its own: the fixture's init.cache_dir is the relative runs/base.
-  p = subprocess.run([sys.executable, os.path.join(REPO, "launch", "main.py"),
-                      "--config=configs/grpo.py:tiny", "--config.task.partial_credit=True", SFT,
-                      "--config.train.num_steps=4", "--allow_config_change=train.num_steps",
-                      f"--workdir={run}"], cwd=tmp_path, env=env, capture_output=True,
-                     text=True)
+  run, p = _resume(tmp_path, commit, "--allow_config_change=train.num_steps")
   assert p.returncode == 0, p.stderr[-3000:]
   assert "resumed from the checkpoint of step 2" in p.stderr
   rows = _rows(run / "metrics.jsonl")
@@ -73,17 +79,8 @@ def test_a_checkpoint_without_decodes_in_flight_resumed_stale_is_one_line(tmp_pa
   """An old run resumed at rollout.max_staleness = 1 (the change allowed): its checkpoint
   holds no decodes in flight, and the error says so and what to do (before: "this config's
   model or optimizer state differs")."""
-  run = tmp_path / "grpo_tiny_038b5a4"
-  shutil.copytree(os.path.join(FIXTURES, "grpo_tiny_038b5a4"), run)
-  xla = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
-                 if not f.startswith("--xla_force_host_platform_device_count"))
-  env = dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS=xla)
-  p = subprocess.run([sys.executable, os.path.join(REPO, "launch", "main.py"),
-                      "--config=configs/grpo.py:tiny", "--config.task.partial_credit=True", SFT,
-                      "--config.train.num_steps=4", "--config.rollout.max_staleness=1",
-                      "--allow_config_change=train.num_steps,rollout.max_staleness",
-                      f"--workdir={run}"], cwd=tmp_path, env=env, capture_output=True,
-                     text=True)
+  _, p = _resume(tmp_path, "038b5a4", "--config.rollout.max_staleness=1",
+                 "--allow_config_change=train.num_steps,rollout.max_staleness")
   assert p.returncode != 0
   last = p.stderr.strip().splitlines()[-1]
   assert "rollout.max_staleness=1" in last and "decodes in flight" in last, p.stderr[-2000:]
