@@ -102,7 +102,8 @@ def choose_rates(e: dict[int, dict[float, list]], finals: dict[int, dict[float, 
 
 
 def estimate(curves_by_batch: dict, gain: float = 0.5, min_seeds: int = 3,
-             reps: int = 1000, seed: int = 0, spread: float | None = None) -> dict[str, Any]:
+             reps: int = 1000, seed: int = 0, spread: float | None = None,
+             target: float | None = None) -> dict[str, Any]:
   """B_crit at one branch point from each batch's branch curves [(responses, value), ...] (one
   per seed, the branch point first), either a list per batch (one rate) or {lr: list} per
   batch (a rate scan: E at each batch is read at its own best rate, `choose_rates`). Returns
@@ -110,9 +111,13 @@ def estimate(curves_by_batch: dict, gain: float = 0.5, min_seeds: int = 3,
   with m0, the target, the E per seed at each batch's rate, the rates and `spread`, the largest
   difference between the branches' first values (given: `start_spread`'s, for a sampled metric).
   A batch whose best rate is at the edge of its scan leaves B_crit not identified: its E is the
-  rate's, not the batch's."""
+  rate's, not the batch's. `target`: the value to reach, given (a study's target) instead of
+  `gain` of the least median gain."""
   scanned = by_rate(curves_by_batch)
-  m0, target = gain_target(scanned, gain)
+  if target is None:
+    m0, target = gain_target(scanned, gain)
+  else:
+    m0, _ = gain_target(scanned, 1.0)
   firsts = [c[0][1] for rs in scanned.values() for cs in rs.values() for c in cs if c]
   spread = float(max(firsts) - min(firsts)) if spread is None else spread
   cross = lambda c: fits.first_crossing([x for x, _ in c], [y for _, y in c], target)  # noqa: E731
@@ -125,16 +130,18 @@ def estimate(curves_by_batch: dict, gain: float = 0.5, min_seeds: int = 3,
                responses_to_gain_by_rate={str(b): {f"{lr:.6g}": v for lr, v in rs.items()}
                                           for b, rs in e_all.items()})
   if target <= m0:
+    why = (f"a batch made no progress (least median gain {(target - m0) / gain:.3g} from "
+           f"{m0:.3g}): drop it or give the branches more responses" if gain else
+           f"the target {target:.3g} is not above the branch point's {m0:.3g}")
     out = dict(batches=sorted(map(float, e)), n=[len(e[b]) for b in sorted(e)], identified=False,
-               reasons=[f"a batch made no progress (least median gain {(target - m0) / gain:.3g} "
-                        f"from {m0:.3g}): drop it or give the branches more responses"])
+               reasons=[why])
   else:
     out = dict(fits.critical_batch(e, reps=reps, seed=seed, min_seeds=min_seeds))
     out.pop("b_crit_draws", None), out.pop("e_min_draws", None)
     failed = out.get("failed_reps", 0) / reps
     if failed > 0.05:  # the reps left out are those where a batch's median never got there
       out["reasons"].append(f"{failed:.0%} of the bootstrap reps had a batch whose median never "
-                            "reached the gain (censored by the budget)")
+                            "reached the value (censored by the budget)")
       out["identified"] = False
   if spread > 1e-6 * max(1.0, abs(m0)):
     out["reasons"].append(f"the branches' first evaluations differ by {spread:.3g}: they did not "
@@ -331,28 +338,41 @@ def parent_noise(parent_dir: str, step: int) -> dict[str, float]:
 
 
 def analyse(probe_dir: str, parent_dir: str, metric: str | None = METRIC, gain: float = 0.5,
-            min_seeds: int = 3) -> dict[str, Any]:
+            min_seeds: int = 3, target: float | None = None) -> dict[str, Any]:
   """Every branch point's estimate, the parent's B_simple there and the probe's cost; `metric`
-  None: the one the branches were scored on (branch_metric). Each branch is read once."""
+  None: the one the branches were scored on (branch_metric). Each branch is read once.
+  `target`: the value to reach (a study's), read also half and three quarters of the way to it
+  from the branch point; else `gain` of the least median gain, read also at SENSITIVITY.
+  Branches at rates chosen per batch (optim.lr_scaling "none", launch/cbs_probe.py
+  --rates_from) are at each batch's best rate, where E x lr / B is constant by construction:
+  the rate-rule check is not made there."""
   points = {}
   runs = branches(probe_dir)
   metric = metric or branch_metric(probe_dir, runs)
   within_seed = start_spread(probe_dir, metric, runs) if metric in SAMPLED else {}
+  ruled = any(r.config.get("optim", {}).get("lr_scaling", "none") != "none" for r in runs)
   for step, curves in sorted(load(probe_dir, metric, runs).items()):
-    lrs = single_rates(curves)  # a rate scan: each batch at its best rate, E lr / B constant
+    lrs = single_rates(curves) if ruled else {}  # a rate scan: each batch at its best rate
     kw = dict(min_seeds=min_seeds, spread=within_seed.get(step))
-    est = follows_rule(estimate(curves, gain=gain, **kw), lrs)
-    others = {g: follows_rule(estimate(curves, gain=g, **kw), lrs)
-              for g in SENSITIVITY if g != gain}
+    if target is None:
+      levels = {g: dict(gain=g) for g in SENSITIVITY if g != gain}
+      est = follows_rule(estimate(curves, gain=gain, **kw), lrs)
+    else:
+      m0, _ = gain_target(by_rate(curves), 1.0)
+      levels = {float(f"{m0 + f * (target - m0):.3g}"): dict(gain=None, target=m0 + f * (target - m0))
+                for f in (0.5, 0.75)}
+      est = follows_rule(estimate(curves, gain=None, target=target, **kw), lrs)
+    others = {g: follows_rule(estimate(curves, **how, **kw), lrs) for g, how in levels.items()}
     span = [e for e in [est, *others.values()] if e.get("identified")]  # the advisor's interval
     points[step] = dict(est, **parent_noise(parent_dir, step), text=text(est),
                         at_other_gains={str(g): _short(e) for g, e in others.items()},
-                        identified_gains=[str(g) for g, e in [(gain, est), *others.items()]
-                                          if e.get("identified")],
+                        identified_gains=[str(g) for g, e in
+                                          [(gain if target is None else target, est),
+                                           *others.items()] if e.get("identified")],
                         span_lo=min((e["b_crit_lo"] for e in span), default=math.nan),
                         span_hi=max((e["b_crit_hi"] for e in span), default=math.nan))
-  return {"metric": metric, "gain": gain, "parent": parent_dir,
-          "points": points, "cost": cost(probe_dir, parent_dir)}
+  return {"metric": metric, "gain": gain if target is None else None, "target": target,
+          "parent": parent_dir, "points": points, "cost": cost(probe_dir, parent_dir)}
 
 
 def write(result: dict[str, Any], out: str) -> list[str]:
@@ -363,10 +383,14 @@ def write(result: dict[str, Any], out: str) -> list[str]:
   paths = [os.path.join(out, "probe.json"), os.path.join(out, "report.md")]
   with open(paths[0], "w") as f:
     json.dump(result, f, indent=1, default=_json)
+  reach = (f"the value to reach is {result['target']:g} (given), read also half and three "
+           "quarters of the way to it from the branch point ('at other gains': the value)"
+           if result.get("target") is not None else
+           f"the gain to reach at each point is {result['gain']:g} x the least median gain of a "
+           "batch over the budget")
   rows, lines = [], [f"# Critical-batch probe of {result['parent']}", "",
-                     f"Progress: `{result['metric']}`; the gain to reach at each point is "
-                     f"{result['gain']:g} x the least median gain of a batch over the budget; "
-                     "seeds per batch beside each B_crit.", "",
+                     f"Progress: `{result['metric']}`; {reach}; seeds per batch beside each "
+                     "B_crit.", "",
                      "| step | B_crit (responses) | at other gains | B_simple, prompt-level x G "
                      "| B_simple, response-level | responses of the branches / the run's |",
                      "| --- | --- | --- | --- | --- | --- |"]
@@ -415,11 +439,13 @@ def main(argv=None) -> int:
                        f"target.metric; {METRIC} for branches that do not say)")
   ap.add_argument("--gain", type=float, default=0.5,
                   help="fraction of the least median gain over batches to reach")
+  ap.add_argument("--target", type=float, default=None,
+                  help="the value of the metric to reach instead (a study's target)")
   a = ap.parse_args(argv)
   if not os.path.isdir(a.probe_dir):
     print(f"error: {a.probe_dir} is not a directory", file=sys.stderr)
     return 2
-  result = analyse(a.probe_dir, a.run, a.metric, a.gain)
+  result = analyse(a.probe_dir, a.run, a.metric, a.gain, target=a.target)
   if not result["points"]:
     print(f"error: no finished branch under {a.probe_dir}", file=sys.stderr)
     return 2

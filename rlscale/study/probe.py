@@ -11,7 +11,12 @@ analysis/probe.py reads the critical batch from them.
 - Rates: each batch runs `rates` learning rates a factor sqrt(2) apart, centred on the rate
   the rule under test gives it (`optim.lr_scaling`, anchored at the run's batch and rate unless
   told another anchor), so that E at each batch is read at that batch's own best rate; with
-  `rates=1`, the rule's rate alone (the report then asks whether E follows the rule).
+  `rates=1`, the rule's rate alone (the report then asks whether E follows the rule). With
+  `rates_from` (a study's directory), each batch's rates are centred on the rate that study
+  chose for its P instead: the study's own rate policy, for a probe read like for like with it.
+- Target: by default analysis/probe.py reads E at a gain relative to the branches' own; with
+  `target` (a study's), E is the responses to that value, as the study reads it, and each
+  branch stops at its first evaluation past 1.25 x its crossing (the study's stop).
 - Optimizer state: `optimizer="fresh"` (default) starts each branch's Adam moments empty, as
   every run's are: the parent's first moment is its recent direction at its own batch, and its
   second moment (beta2 = 0.99-0.999: 100-1,000 steps of memory, longer than any branch) the
@@ -43,6 +48,7 @@ RATE_STEP = math.sqrt(2)  # between the rates a batch scans
 # moment memory 1 / (1 - beta1): with a fresh state, its start-up; with the parent's, enough
 # steps that the parent's momentum has decayed to 0.9^30 = 4%.
 MEMORIES = {"fresh": 1, "parent": 3}
+STOP_MARGIN = 0.25  # with a target: a branch stops at 1.25 x its responses to it (the study's)
 # The held-out metric a branch's progress is read from, and the evaluation that scores it: the
 # reference responses' likelihood (smooth: few evaluations resolve a small gain), or a study's
 # accuracies (eval/accuracy_sampled: the policy's expected reward, the CPU study's metric), so
@@ -71,6 +77,13 @@ class Probe:
   reference_batch: int = 0
   probe_dir: str = ""  # default <run_dir>/probe
   metric: str = "eval/reference_prob"  # a branch's progress (METRICS)
+  # A study's directory (its study.json): each batch's rates centred on the rate that study
+  # chose for its P (the stage `<kind>_lr`), not on a rule's: the study's own rate policy.
+  rates_from: str = ""
+  # The value of `metric` to reach (0: `gain` of the least median gain, analysis/probe.py): a
+  # study's target, so that E is read as the study reads it; branches then stop at their first
+  # evaluation past STOP_MARGIN beyond their crossing, as the study's runs do.
+  target: float = 0.0
 
   @property
   def dir(self) -> str:
@@ -141,9 +154,42 @@ def check(p: Probe) -> dict:
     errors.append(f"--metric={p.metric!r}: one of {', '.join(METRICS)}")
   if p.lr_scaling not in RULES:
     errors.append(f"--lr_scaling={p.lr_scaling!r}: one of {', '.join(RULES)}")
+  if p.target < 0:
+    errors.append(f"--target={p.target:g}: a value of {p.metric} to reach, or 0 (a gain)")
+  if p.rates_from:
+    if p.lr:
+      errors.append(f"--rates_from={p.rates_from} --lr={p.lr:g}: the rates come from one of them")
+    else:
+      try:
+        rates = study_rates(p.rates_from, cfg.get("kind", "grpo"))
+        absent = [b for b in p.batches if b > 0 and not b % g and b // g not in rates]
+        if absent:
+          errors.append(f"--rates_from={p.rates_from}: the study chose no rate at P = "
+                        f"{', '.join(str(b // g) for b in absent)} (B = B / G with the run's "
+                        f"G = {g}); it chose at P = {', '.join(map(str, sorted(rates)))}")
+      except ConfigError as e:
+        errors.append(str(e))
   if errors:
     raise ConfigError("; ".join(errors))
   return cfg
+
+
+def study_rates(study_dir: str, kind: str) -> dict[int, float]:
+  """{P: the rate the study chose for it}: the choice its `<kind>_lr` stage recorded per P in
+  `study_dir/study.json` (launch/study.py writes it; docs/study holds the CPU study's)."""
+  path = os.path.join(study_dir, "study.json")
+  if not os.path.isfile(path):
+    raise ConfigError(f"--rates_from={study_dir}: no study.json there (a study's directory, "
+                      "as launch/study.py writes it)")
+  with open(path) as f:
+    chosen = json.load(f).get("chosen", {})
+  entry = next((c for c in chosen.values() if c.get("stage") == f"{kind}_lr"
+                and c.get("per") == ["p"]), None)
+  if entry is None:
+    raise ConfigError(f"--rates_from={study_dir}: its study.json records no rate chosen per P "
+                      f"by a '{kind}_lr' stage (it has: "
+                      f"{', '.join(c.get('stage', '?') for c in chosen.values()) or 'none'})")
+  return {int(k.split("=")[1]): float(v) for k, v in entry["values"].items()}
 
 
 def _b1(cfg: dict) -> float:
@@ -182,6 +228,12 @@ def overrides(p: Probe, cfg: dict, step: int) -> list[dict]:
   from rlscale.rl import optim as optim_lib
   scaled = optim_lib.scale(optim, parent_b)
   lr, ref = (p.lr, p.reference_batch) if p.lr else (scaled.lr, parent_b)
+  centre = {b: lr for b in p.batches}  # the rate each batch's scan is centred on
+  if p.rates_from:  # the study's choice per P, at that batch (no rule: each is its own)
+    by_p = study_rates(p.rates_from, cfg.get("kind", "grpo"))
+    centre = {b: by_p[b // g] for b in p.batches}
+  stop = ({"target.value": p.target, "target.stop": True, "target.stop_margin": STOP_MARGIN}
+          if p.target else {"target.value": 1.0, "target.stop": False})
   adam = {"optim.b1": scaled.b1, "optim.b2": scaled.b2, "optim.eps": scaled.eps,
           "optim.adam_scaling": False} if optim.get("adam_scaling") else {}
   # One saving interval for all (the point names hold what varies: batch and seed): about four
@@ -196,14 +248,15 @@ def overrides(p: Probe, cfg: dict, step: int) -> list[dict]:
           "init.branch_from": os.path.abspath(p.run_dir), "init.branch_step": step,
           "init.branch_optimizer": p.optimizer,
           "rl.num_prompts": b // g, "rl.num_minibatches": 1, "rl.microbatch": "auto",
-          "seed": seed, "optim.lr": round_rate(lr * factor), "optim.lr_scaling": p.lr_scaling,
+          "seed": seed, "optim.lr": round_rate(centre[b] * factor),
+          "optim.lr_scaling": "none" if p.rates_from else p.lr_scaling,
           **adam,
-          "optim.reference_batch": ref,
+          "optim.reference_batch": b if p.rates_from else ref,
           "train.total_responses": n,
           "train.eval_every": 0, "train.eval_every_responses": every,
           "train.checkpoint_every": save_every, "train.keep_period": 0,
           **METRICS[p.metric],
-          "target.metric": p.metric, "target.value": 1.0, "target.stop": False,
+          "target.metric": p.metric, **stop,
           "noise.enabled": False,
         })
   return out

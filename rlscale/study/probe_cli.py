@@ -4,6 +4,8 @@ write the probe's report (analysis/probe.py) in `<probe dir>/report/`.
     python launch/cbs_probe.py RUN_DIR --at=10,20,30 --batches=8,16,32,64 --seeds=3
     python launch/cbs_probe.py RUN_DIR ... --lr=1e-4 --reference_batch=16   # another anchor
     python launch/cbs_probe.py RUN_DIR ... --rates=1    # the rule's rate alone: does E follow it?
+    python launch/cbs_probe.py RUN_DIR ... --rates=1 --rates_from=docs/study --target=0.51 \
+        --metric=eval/accuracy_sampled   # a study's rates, metric and target: like for like
 
 Run the same command again to continue: done branches are skipped, killed ones resume from
 their checkpoints. Exit status as launch/sweep.py's: 0 done, 1 a branch failed, 75 stopped,
@@ -55,6 +57,13 @@ def define_flags() -> None:
                                 "eval/accuracy_greedy"],
                                "a branch's progress: the reference responses' likelihood, or "
                                "a study's accuracy (the CPU study's: eval/accuracy_sampled)"),
+      rates_from=flags.DEFINE_string("rates_from", None, "a study's directory (its study.json): "
+                                     "centre each batch's rates on the rate the study chose "
+                                     "for its P, the study's rate policy (with --rates=1: that "
+                                     "rate alone)"),
+      target=flags.DEFINE_float("target", 0.0, "the value of --metric to reach, as a study "
+                                "reads its target (0: --gain); branches stop at 1.25 x their "
+                                "responses to it"),
       gain=flags.DEFINE_float("gain", 0.5, "the report's gain to reach: this fraction of the "
                               "least median gain over the batches"),
       workdir=flags.DEFINE_string("workdir", None, "the probe's directory (default: "
@@ -82,7 +91,8 @@ def run(argv) -> int:
                   responses=v["responses"], evals=v["evals"], rates=v["rates"],
                   optimizer=v["optimizer"], lr_scaling=v["lr_scaling"],
                   lr=v["lr"], reference_batch=v["reference_batch"],
-                  probe_dir=v["workdir"] or "", metric=v["metric"])
+                  probe_dir=v["workdir"] or "", metric=v["metric"],
+                  rates_from=v["rates_from"] or "", target=v["target"])
   rc, lines = probe.run(p, v["launcher"], v["parallel"], cli_kit.run_command(v["run_command"]),
                         v["dry_run"])
   for line in lines:
@@ -91,7 +101,8 @@ def run(argv) -> int:
     return rc
   out = os.path.join(p.dir, "report")
   report = cli_kit.write_report(["-m", "analysis.probe", p.dir, f"--run={p.run_dir}",
-                                 f"--gain={v['gain']}", f"--metric={p.metric}", f"--out={out}"],
+                                 f"--gain={v['gain']}", f"--metric={p.metric}", f"--out={out}",
+                                 *([f"--target={p.target}"] if p.target else [])],
                                 out)
   return rc or (1 if report else 0)
 

@@ -168,3 +168,19 @@ def test_start_spread_compares_the_branches_of_one_seed(tmp_path, monkeypatch):
   monkeypatch.setattr(probe, "branch_dirs", lambda _: dirs)
   assert probe.branch_metric("x") == "eval/accuracy_sampled"
   assert probe.start_spread("x", "eval/accuracy_sampled") == {20: pytest.approx(0.02)}
+
+
+def test_a_given_target_is_read_as_a_study_reads_it():
+  """With a target (a study's), E is each branch's first crossing of that value, not of a
+  gain; the law is recovered the same, and a target at or below the branch point says so."""
+  curves = branches(48.0, seed=2)
+  m0, top = probe.gain_target(curves, 1.0)
+  target = m0 + 0.5 * (top - m0)
+  est = probe.estimate(curves, gain=None, target=target, reps=300)
+  assert est["target"] == target and est["gain"] is None
+  assert est["identified"], est["reasons"]
+  assert est["b_crit"] == pytest.approx(48.0, rel=0.25)
+  crossing = lambda c: probe.fits.first_crossing([x for x, _ in c], [y for _, y in c], target)  # noqa: E731
+  assert est["responses_to_gain"]["8"] == [crossing(c) for c in curves[8]]
+  low = probe.estimate(curves, gain=None, target=m0 - 0.01, reps=50)
+  assert not low["identified"] and "is not above the branch point" in low["reasons"][0]

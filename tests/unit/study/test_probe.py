@@ -140,3 +140,56 @@ def test_the_budget_is_whole_steps_of_every_batch(tmp_path):
   assert probe.budget(_probe(run, batches=(8, 24, 40), responses=500), cfg) == 600  # lcm 120
   cfg["optim"]["b1"] = 0.5  # a short memory: 2 steps at least, 4 by default
   assert probe.budget(_probe(run), cfg) == 4 * 64
+
+
+def _study_dir(tmp_path, kind="grpo", values=None):
+  study = tmp_path / "study"
+  study.mkdir()
+  values = values or {"p=1": 1e-4, "p=2": 1.41e-4, "p=4": 2e-4, "p=8": 2e-4}
+  chosen = {"lr": {"stage": f"{kind}_lr", "per": ["p"], "values": values},
+            "other": {"stage": "ppo_lr", "per": ["p"], "values": {"p=1": 9.0}}}
+  (study / "study.json").write_text(json.dumps({"chosen": chosen}))
+  return str(study)
+
+
+def test_rates_from_a_study_centre_each_batch_on_the_rate_the_study_chose_for_its_p(tmp_path):
+  """The study's rate policy: B = 8 ... 64 (P = 1 ... 8 of G = 8) at the study's choice for
+  each P (not a rule's), a scan around it with --rates; a study target stops branches as the
+  study's runs stop."""
+  run, study = _run_dir(tmp_path), _study_dir(tmp_path)
+  p = _probe(run, seeds=(0, 1, 2), rates=1, rates_from=study, target=0.51,
+             metric="eval/accuracy_sampled")
+  pts = probe.overrides(p, probe.check(p), 4)
+  assert {(o["rl.num_prompts"], o["optim.lr"]) for o in pts} == {
+      (1, 1e-4), (2, 1.41e-4), (4, 2e-4), (8, 2e-4)}
+  for o in pts:
+    assert o["optim.lr_scaling"] == "none"
+    assert o["optim.reference_batch"] == o["rl.num_prompts"] * 8
+    assert (o["target.value"], o["target.stop"], o["target.stop_margin"]) == (0.51, True, 0.25)
+  cfg = probe.check(_probe(run, rates_from=study))
+  scan = probe.overrides(_probe(run, seeds=(0, 1, 2), rates=3, rates_from=study), cfg, 4)
+  assert sorted({o["optim.lr"] for o in scan if o["rl.num_prompts"] == 2}) == pytest.approx(
+      [1.41e-4 / math.sqrt(2), 1.41e-4, 1.41e-4 * math.sqrt(2)], rel=1e-5)
+  assert cfg["kind"] == "grpo"
+  assert {o["target.stop"] for o in scan} == {False}  # no target: the gain, read over the budget
+
+
+@pytest.mark.parametrize("kw, expect", [
+    (dict(batches=(8, 16, 128)), "the study chose no rate at P = 16 (B = B / G with the run's "
+     "G = 8); it chose at P = 1, 2, 4, 8"),
+    (dict(lr=1e-4, reference_batch=16), "the rates come from one of them"),
+    (dict(target=-0.1), "--target=-0.1"),
+])
+def test_refuses_rates_a_study_cannot_give(tmp_path, kw, expect):
+  with pytest.raises(ConfigError) as e:
+    probe.check(_probe(_run_dir(tmp_path), rates_from=_study_dir(tmp_path), **kw))
+  assert expect in str(e.value)
+
+
+def test_refuses_a_folder_that_is_not_a_study_and_a_study_without_the_runs_algorithm(tmp_path):
+  run = _run_dir(tmp_path)
+  with pytest.raises(ConfigError, match="no study.json there"):
+    probe.check(_probe(run, rates_from=str(tmp_path)))
+  study = _study_dir(tmp_path, kind="sft")
+  with pytest.raises(ConfigError, match="no rate chosen per P by a 'grpo_lr' stage"):
+    probe.check(_probe(run, rates_from=study))
