@@ -211,6 +211,13 @@ RULES = [
     rule(r"^pip install -e \.\[test\]$", covered=".ci/run: its first venv (test extras)"),
     rule(r"^pytest$", covered=".ci/run: its pytest step runs the whole suite"),
     # Runs.
+    rule(MAIN + r".*--config\.train\.total_responses=.*--config\.train\.keep_period=",
+         tiny_run(4), flag("config.train.total_responses", "32"),
+         flag("config.train.eval_every_responses", "16"), flag("config.train.checkpoint_every", "4"),
+         flag("config.train.keep_period", "4"), flag("config.optim.b1", "0"),
+         flag("config.rl.microbatch", "auto"),
+         why="32 responses (4 steps of the tiny P = 2 x G = 4, micro-batches the plan's), its "
+             "step 4 kept for the probe; Adam's b1 = 0 as below"),
     rule(MAIN + r".*--config\.train\.keep_period=", tiny_run(4), flag("config.optim.b1", "0"),
          why="4 steps, its step 4 kept for the probe; Adam's b1 = 0: the probe's branches must "
              "run 1 / (1 - b1) steps of the largest batch (3x with the parent's moments)"),
@@ -239,6 +246,9 @@ RULES = [
          flag("only", DS_POINTS), why="4 points of the tiny sweep"),
     rule(r"launch/study\.py ", config_arg("tiny", name="study"), timeout=900,
          why="the study's tiny variant: every stage, 2 verdict seeds"),
+    rule(r"launch/cbs_probe\.py .*--rates_from=", TINY_PROBE, flag("batches", "4,8,16"),
+         flag("evals", "3"),
+         why="as below, at B = 4, 8, 16 (P = 1, 2, 4 of G = 4: P the study chose a rate for)"),
     rule(r"launch/cbs_probe\.py ", TINY_PROBE,
          why="the run's kept step 4; B = 4, 8, 12 (G = 4), one rate, 3 seeds (the fewest "
              "allowed), 36 responses (48: whole steps of each B)"),
