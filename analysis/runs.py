@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from rlscale.config import defaults
+from rlscale.config import migrate
 from rlscale.sweep.manifest import run_done
 
 AXES = {"generated": "responses_seen", "trained": "responses_trained"}  # axis -> column
@@ -175,13 +175,13 @@ def read(path: str) -> tuple[Run | None, list[str]]:
           bad += 1
   if bad:
     warnings.append(f"metrics.jsonl: {bad} malformed line(s) skipped")
-  return Run(path, defaults.fill_json(config), rows, read_json("summary.json")), warnings
+  return Run(path, migrate.migrate(config), rows, read_json("summary.json")), warnings
 
 
 def load(path: str) -> Run:
   """`read`'s run; a folder that is none reads as an empty run (no config, rows or summary)."""
   run, _ = read(path)
-  return run if run is not None else Run(path, defaults.fill_json({}), [], {})
+  return run if run is not None else Run(path, {}, [], {})
 
 
 def expand(paths: list[str], only: str | None = None) -> list[str]:

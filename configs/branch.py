@@ -14,7 +14,7 @@ import os
 import ml_collections
 from ml_collections.config_dict import FieldReference
 
-from rlscale.config import defaults
+from rlscale.config import migrate
 
 
 def _untyped(node):
@@ -36,4 +36,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     raise FileNotFoundError(f"configs/branch.py:{arg}: {path} does not exist (a run writes it "
                             "when it starts)")
   with open(path) as f:
-    return defaults.fill(_untyped(json.load(f)))
+    return migrate.migrate(_untyped(json.load(f)))

@@ -2,7 +2,7 @@
 
 A run with rollout.max_staleness = k trains step t on responses sampled with the weights after
 update max(0, t-1-k) (k = 0: synchronous); a run directory written with rollout.overlap reads as
-k = 1 when it was on, else 0 (rlscale/config/defaults.py RENAMED, applied by analysis/runs.read).
+k = 1 when it was on, else 0 (rlscale/config/migrate.py, applied by analysis/runs.read).
 The section is written only when the configurations compared differ in k: `staleness` returns
 None otherwise, and the report has no such section.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 
-from rlscale.config import defaults
+from rlscale.config import migrate
 from rlscale.config.errors import ConfigError
 
 COMPILE_BUCKETS = ("auto", "ahead", "on_use")  # train.compile_buckets (rlscale/rl/packing.py)
@@ -131,7 +131,7 @@ def check(cfg, workdir: str | None = None, allow_config_change: tuple[str, ...] 
 def _allowed(cfg, allow: tuple[str, ...]) -> list[str]:
   """A field --allow_config_change names that the config lacks would be ignored: an error."""
   import difflib
-  paths = list(defaults.flat(cfg.to_dict()))
+  paths = list(migrate.flat(cfg.to_dict()))
   errors = []
   for name in allow:
     if name not in paths:

@@ -12,7 +12,7 @@ import os
 
 import ml_collections
 
-from rlscale.config import defaults
+from rlscale.config import migrate
 
 PACKAGE = "rlscale.configs"
 
@@ -78,7 +78,8 @@ def load_module(spec: str, relative_to: str | None = None):
 
 
 def load(spec: str, relative_to: str | None = None) -> ml_collections.ConfigDict:
-  """`path/to/config.py[:arg]` -> get_config(arg), with the fields it lacks at their defaults
-  (config/defaults.py); see `find` for where the file is looked up."""
+  """`path/to/config.py[:arg]` -> get_config(arg), migrated to this code's schema version
+  (config/migrate.py: a field the file lacks gets the value configs without it ran with); see
+  `find` for where the file is looked up."""
   module, arg = load_module(spec, relative_to)
-  return defaults.fill(module.get_config(arg))
+  return migrate.migrate(module.get_config(arg))

@@ -27,7 +27,6 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from rlscale.config import defaults
 from rlscale.config.errors import ConfigError
 
 AUTO = "auto"
@@ -330,8 +329,7 @@ def plan(cfg: Mapping[str, Any], *, shards: int = 1, processes: int = 1, seq_len
   `memory` (the activation bound of a training pass) size the automatic choices; 0 or None
   means unknown. Raises ConfigError naming every bad field.
   """
-  return _plan(defaults.fill(ml_collections.ConfigDict(cfg)),  # a config.json's: its defaults too
-               shards, processes, seq_len, kv_bytes_per_row, gen_shards, memory)
+  return _plan(ml_collections.ConfigDict(cfg), shards, processes, seq_len, kv_bytes_per_row, gen_shards, memory)
 
 
 def _plan(cfg, shards, processes, seq_len, kv_bytes_per_row, gen_shards, memory) -> BatchPlan:

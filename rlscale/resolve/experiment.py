@@ -19,7 +19,7 @@ from rlscale.parallel import sharding
 from rlscale.checkpoints import hf_checks
 from rlscale.checkpoints.hf import config_from_folder
 from rlscale.checkpoints.tokenizer import HFTokenizer
-from rlscale.config import defaults
+from rlscale.config import migrate
 from rlscale.metrics.writer import write_json
 
 
@@ -191,7 +191,7 @@ def _inert(key: str, old: dict, new: dict) -> bool:
 
 # The run directory's format: how this code lays out and reads a run's files and checkpoints.
 # It goes up when an older rlscale would misread a newer run; a newer rlscale reads every older
-# format (config/defaults.py fills the fields added since with the values those runs used), and
+# format (config/migrate.py reads their config.json with the values those runs used), and
 # an older one refuses a newer run in one line naming both formats.
 #   0: before run_format.json (every run of ba4a25a and earlier: tests/integration/test_old_runs)
 #   1: run_format.json records the format and the rlscale version that wrote it
@@ -259,9 +259,8 @@ def check_resume(workdir: str, cfg: ml_collections.ConfigDict,
     return
   check_format(workdir)
   with open(path) as f:
-    old = defaults.flat(json.load(f))
-  old = defaults.fill_dict(old)  # a field added since: the value the old run used
-  new = defaults.flat(json.loads(cfg.to_json_best_effort()))
+    old = migrate.flat(migrate.migrate(json.load(f)))  # as this code reads it
+  new = migrate.flat(json.loads(cfg.to_json_best_effort()))
   changed = [f"{k}: {old.get(k, '(absent)')!r} -> {new.get(k, '(absent)')!r}"
              for k in sorted(set(old) | set(new))
              if old.get(k) != new.get(k) and k not in FREE_TO_CHANGE + tuple(allow)
@@ -278,7 +277,7 @@ def prepare_workdir(workdir: str, cfg: ml_collections.ConfigDict) -> None:
   """config.json (the run's config), run_format.json (this code's RUN_FORMAT, after check_resume
   read the old one) and config_history.jsonl (every config it started with)."""
   os.makedirs(workdir, exist_ok=True)
-  config = json.loads(cfg.to_json_best_effort())
+  config = migrate.stamped(json.loads(cfg.to_json_best_effort()))
   write_json(os.path.join(workdir, "config.json"), config)
   write_json(os.path.join(workdir, FORMAT_FILE), {"format": RUN_FORMAT, "rlscale": _version()})
   if jax.process_index() == 0:

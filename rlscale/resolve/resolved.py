@@ -1,6 +1,7 @@
 """The one resolve step: a config becomes a checked, frozen description of a run.
 
-`resolve` fills the fields a config lacks (config/defaults.py), checks the plain fields
+`resolve` takes a config of this code's schema version (config/migrate.py: a config file and a
+run's config.json are migrated where they are read, once), checks the plain fields
 (config/fields.py) and the algorithm's, optimizers' and sampler's (resolve/owner_checks.py),
 builds the meshes, model config and task, each checking its own fields as it is built
 (resolve/experiment.py), plans the batch once (plan/batch.py) and, for an RL run that starts
@@ -17,7 +18,7 @@ import os
 
 import ml_collections
 
-from rlscale.config import defaults, fields
+from rlscale.config import fields, migrate
 from rlscale.config.errors import ConfigError
 from rlscale.plan import batch
 from rlscale.resolve import experiment, owner_checks
@@ -63,7 +64,12 @@ def resolve(cfg: ml_collections.ConfigDict, workdir: str | None, config_file: st
   the config describes (benchmarks/rl_step.py trains on a task of its own); `config_file`
   locates a relative init.sft_config as the run will.
   """
-  cfg = defaults.fill(cfg)
+  lacking = migrate.missing(cfg)
+  if lacking:
+    raise ConfigError(f"the config is not of this code's schema (version {migrate.SCHEMA_VERSION}): "
+                      f"it lacks {', '.join(lacking)}; read config files with "
+                      "rlscale.config.files.load and config.json with config/migrate.migrate, "
+                      "which set what older configs ran with")
   fields.sections(cfg)  # a missing kind or section is reported alone
   errors = fields.check(cfg, workdir, allow_config_change) + owner_checks.errors(cfg)
   checked = len(errors)  # the fields' own errors; what follows depends on the devices too

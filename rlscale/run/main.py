@@ -61,16 +61,18 @@ def main(argv):
                jax.process_count(), jax.local_device_count(), jax.device_count(),
                jax.default_backend())
   config_file = flags.FLAGS["config"].config_filename
+  from rlscale.config import migrate
+  cfg = migrate.migrate(_CONFIG.value)  # get_config's and the overrides': this code's version
   if side_by_side and not _BASE_ONLY.value:
     try:
       seeds = [int(s) for s in _SEEDS.value]
     except ValueError as e:
       raise ConfigError(f"--seeds={','.join(_SEEDS.value)}: integers, comma-separated") from e
-    cfgs, workdirs = train.lane_configs(_CONFIG.value, seeds, _LANES.value, _WORKDIR.value,
+    cfgs, workdirs = train.lane_configs(cfg, seeds, _LANES.value, _WORKDIR.value,
                                         config_file)
     train.main_lanes(cfgs, workdirs, config_file, allow_config_change=tuple(_ALLOW.value))
     return
-  train.main(_CONFIG.value, _WORKDIR.value, config_file=config_file,
+  train.main(cfg, _WORKDIR.value, config_file=config_file,
              allow_config_change=tuple(_ALLOW.value), base_policy_only=_BASE_ONLY.value)
 
 

@@ -87,11 +87,9 @@ def main_lanes(cfgs: list, workdirs: list[str], config_file: str | None = None,
   """Run `cfgs` side by side (rlscale/trainer/lanes.py), each in its run directory."""
   import contextlib
 
-  from rlscale.config import defaults
   from rlscale.config.errors import ConfigError
   from rlscale.trainer import lanes
   compile_cache.enable(cfgs[0].init.cache_dir if "init" in cfgs[0] else "runs/base")
-  cfgs = [defaults.fill(c) for c in cfgs]
   bad = lanes.errors(cfgs, workdirs)
   if bad:
     raise ConfigError("runs side by side: " + "; ".join(bad))

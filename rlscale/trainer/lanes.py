@@ -105,8 +105,8 @@ def errors(cfgs: list, workdirs: list[str]) -> list[str]:
 
 
 def _without_lane_fields(cfg) -> dict:
-  from rlscale.config import defaults
-  flat = defaults.flat(cfg.to_dict())
+  from rlscale.config import migrate
+  flat = migrate.flat(cfg.to_dict())
   return {k: v for k, v in flat.items() if k not in LANE_FIELDS}
 
 

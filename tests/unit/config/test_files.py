@@ -116,6 +116,7 @@ def test_a_run_from_before_an_added_field_resumes_with_its_old_behaviour(tmp_pat
   experiment.prepare_workdir(str(tmp_path), cfg)
   with open(tmp_path / "config.json") as f:
     old = json.load(f)
+  assert old.pop("schema_version") == 2  # a run from before versions were recorded: 1
   for section, field in (("mesh", "roles"), ("mesh", "sampler_devices"),
                          ("mesh", "sampler_shape"), ("rollout", "max_staleness"),
                          ("train", "shared_prompt")):
@@ -148,7 +149,7 @@ def test_how_a_branch_starts_its_optimizer_is_asked_only_of_branches(tmp_path):
     experiment.prepare_workdir(str(tmp_path), cfg)
     with open(tmp_path / "config.json") as f:
       old = json.load(f)
-    del old["init"]["branch_optimizer"]
+    del old["init"]["branch_optimizer"], old["schema_version"]  # version 1's
     with open(tmp_path / "config.json", "w") as f:
       json.dump(old, f)
     os.makedirs(tmp_path / "checkpoints" / "2", exist_ok=True)

@@ -8,7 +8,7 @@ import optax
 import pytest
 from flax import nnx
 
-from rlscale.config.defaults import fill_optim
+from tests.support import filled_optim as fill_optim
 from rlscale import models
 from rlscale.config.errors import ConfigError
 from rlscale.plan import batch

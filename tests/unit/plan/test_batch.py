@@ -165,6 +165,7 @@ def test_shared_prompt_takes_micro_batches_of_whole_groups_per_shard():
   off = _cfg("grpo.py:train.shared_prompt=False")  # the config-argument form gives a bool
   assert off.train.shared_prompt is False
   assert batch.plan(off, shards=1, seq_len=13).models["actor"].shared_prompt == 1
-  old = _cfg()  # a run's config.json from before the field: rows on their own, as it ran
-  del old.train["shared_prompt"]
-  assert batch.plan(old, shards=1, seq_len=13).models["actor"].shared_prompt == 1
+  old = _cfg().to_dict()  # a run's config.json from before the field: rows on their own, as it ran
+  del old["train"]["shared_prompt"]
+  from rlscale.config import migrate  # as analysis/runs.py reads a run directory
+  assert batch.plan(migrate.migrate(old), shards=1, seq_len=13).models["actor"].shared_prompt == 1

@@ -6,7 +6,7 @@ import inspect
 import ml_collections
 import pytest
 
-from rlscale.config import defaults
+from rlscale.config import migrate
 from rlscale.config import files as config_files
 from rlscale.config.errors import ConfigError
 from rlscale.resolve import resolved
@@ -37,13 +37,37 @@ def test_fields_an_old_config_lacks_get_the_value_its_run_used():
   cfg = config_files.load("configs/ppo.py:tiny")
   with cfg.unlocked():
     del cfg.rollout["max_staleness"], cfg.critic.optim["state_dtype"], cfg.train["logprob_chunk"]
-  filled = defaults.fill(cfg)
+  with pytest.raises(ConfigError, match="it lacks rollout.max_staleness, train.logprob_chunk, "
+                     "critic.optim.state_dtype; read config files with"):
+    resolved.resolve(cfg, None)  # resolve migrates nothing: a config is migrated where read
+  filled = migrate.migrate(cfg)
   assert filled.rollout.max_staleness == 0 and filled.critic.optim.state_dtype == ""
   assert filled.train.logprob_chunk == 0  # what runs before the field did: the whole vocabulary
   assert "max_staleness" not in cfg.rollout  # a copy: the caller's config is left as it was
-  assert defaults.fill(filled) is filled  # nothing missing: the same object
+  assert migrate.migrate(filled) is filled  # nothing missing: the same object
+  assert migrate.missing(filled) == [] and len(migrate.missing(cfg)) == 3
   sft = ml_collections.ConfigDict({"train": {"num_steps": 1}})
-  assert "rl" not in defaults.fill(sft)  # absent sections stay absent
+  assert "rl" not in migrate.migrate(sft)  # absent sections stay absent
+
+
+def test_a_run_directory_records_its_schema_version_and_older_ones_migrate():
+  """config.json says which version it was written in; one without (version 1) gets what runs
+  before each field ran with; a newer version than this code's, or a bad one, is refused."""
+  old = {"rollout": {"overlap": True}, "train": {"num_steps": 3}}
+  new = migrate.migrate(old)
+  assert new["rollout"] == {"max_staleness": 1, "dynamic_sampling": False,
+                            "filter_min_std": 0.0, "max_rounds": 4, "oversample": "auto"}
+  assert new["train"]["shared_prompt"] is False and "schema_version" not in new
+  assert old["rollout"] == {"overlap": True}  # a copy
+  stamped = migrate.stamped(new)
+  assert list(stamped)[0] == "schema_version" and stamped["schema_version"] == migrate.SCHEMA_VERSION
+  assert migrate.migrate(stamped) == new  # this version's: nothing to do but read the version
+  current = {"schema_version": migrate.SCHEMA_VERSION, "rollout": {"max_staleness": 2}}
+  assert migrate.migrate(current) == {"rollout": {"max_staleness": 2}}  # no step applies
+  for bad, why in ((migrate.SCHEMA_VERSION + 1, "written by a newer rlscale"),
+                   ("2", "not a config schema version"), (0, "not a config schema version")):
+    with pytest.raises(ConfigError, match=why):
+      migrate.migrate({"schema_version": bad})
 
 
 def test_both_trainers_implement_the_trainer_protocol():

@@ -9,7 +9,7 @@ import optax
 import pytest
 from flax import nnx
 
-from rlscale.config.defaults import fill_optim
+from tests.support import filled_optim as fill_optim
 from rlscale import models
 from rlscale.rl import optim
 from rlscale.rl.advantages import ADVANTAGES

@@ -3,7 +3,7 @@
 
 import pytest
 
-from rlscale.config.defaults import fill_optim
+from tests.support import filled_optim as fill_optim
 from rlscale.rl import optim
 
 

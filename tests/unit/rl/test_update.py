@@ -57,11 +57,11 @@ def test_lr_scale_scales_the_step_as_the_learning_rate_would(mesh1, rules):
 
 def test_follow_batch_scales_lr_by_the_rule_at_the_effective_batch():
   import types
-  from rlscale.config import defaults
+  from tests.support import filled_optim
   from rlscale.rl import optim
   from rlscale.rl.trained import Trained
-  cfg = defaults.fill_optim({"lr": 1e-3, "lr_scaling": "sqrt", "reference_batch": 64,
-                             "lr_batch": "effective"})
+  cfg = filled_optim({"lr": 1e-3, "lr_scaling": "sqrt", "reference_batch": 64,
+                      "lr_batch": "effective"})
   model = types.SimpleNamespace(optim_cfg=cfg, batch=types.SimpleNamespace(num_minibatches=2),
                                 scaled=optim.scale(cfg, 64), lr_scale=None)
   Trained.follow_batch(model, 32)  # 16 informative responses per optimizer step: k = 1/4

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support import REPO, FIXTURES
 from rlscale import tasks
-from rlscale.config import defaults
+from rlscale.config import migrate
 from rlscale.config import files as config_files
 from rlscale.config.errors import ConfigError
 from rlscale.checkpoints import safetensors_io
@@ -347,7 +347,7 @@ def test_system_prompt_instruction_and_thinking_reach_the_prompt(tmp_path):
   assert task.prompt_text(p) == "Be brief.\nQuestion: What is 2 + 2?\nEnd with #### N.\nAnswer:"
   old = {k: v for k, v in _cfg(path).items()
          if k not in ("system_prompt", "instruction", "enable_thinking")}  # an older config
-  old = defaults.fill(ml_collections.ConfigDict({"task": old})).task  # filled as at load
+  old = migrate.migrate(ml_collections.ConfigDict({"task": old})).task  # as at load
   assert files.FileTask(old, tok).prompt_text(p) == (
       "Question: What is 2 + 2?\nPut the final answer in \\boxed{}.\nAnswer:")
 

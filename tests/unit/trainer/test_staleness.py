@@ -229,16 +229,14 @@ def test_an_old_configs_overlap_reads_as_max_staleness():
   """rollout.overlap (before max_staleness existed) migrates: True is k = 1, False k = 0; a run
   directory's config.json (nested or flattened) reads the same."""
   import ml_collections
-  from rlscale.config import defaults
+  from rlscale.config import migrate
   for overlap, k in ((True, 1), (False, 0)):
     old = ml_collections.ConfigDict({"rollout": {"overlap": overlap, "temperature": 1.0}})
-    new = defaults.fill(old)
+    new = migrate.migrate(old)
     assert new.rollout.max_staleness == k and "overlap" not in new.rollout
     assert "overlap" in old.rollout  # a copy: the caller's config is left as it was
-    assert defaults.fill_json({"rollout": {"overlap": overlap}})["rollout"]["max_staleness"] == k
-    flat = defaults.fill_dict({"rollout.overlap": overlap})
-    assert flat["rollout.max_staleness"] == k and "rollout.overlap" not in flat
-  assert defaults.fill_json({"rollout": {}})["rollout"]["max_staleness"] == 0
+    assert migrate.migrate({"rollout": {"overlap": overlap}})["rollout"]["max_staleness"] == k
+  assert migrate.migrate({"rollout": {}})["rollout"]["max_staleness"] == 0
 
 
 if __name__ == "__main__":  # record the golden rows (see the module's docstring)

@@ -1,0 +1,675 @@
+"""The run configuration as types: one frozen dataclass per section, every field typed,
+defaulted and documented in one line.
+
+ml_collections stays at the edge, where a config is written or edited: a config file's
+get_config (rlscale/config/sections.py builds its sections), the command line's
+--config.x=y overrides and a run directory's config.json. Where a config enters the library
+it is converted once, `from_dict(cfg.to_dict())`, and the library then reads typed fields
+(`cfg.rl.group_size`), never a field that may be absent. `from_dict` names every problem of a
+config at once (an unknown or misspelt field, a value of the wrong type, a missing section);
+`to_dict` is its inverse (config.json, config hashes); `describe` lists every field for the
+generated documentation.
+
+Variants. The task section has one type per task name (`TASKS`): the shared fields in `Task`,
+those of the tasks on text in `TextTask`, each task's own in its class; `task.name` picks the
+type. The rl section has the fields every algorithm reads in `Rl` (rl.dual_clip and
+rl.prox_com among them: the shared policy loss and the batch plan read them for every kind)
+and each algorithm's own fields in a subclass (`GrpoRl`: rl.advantage; `PpoRl`: GAE and
+whitening); `kind` picks the type (`RL_TYPES`). Sections a kind lacks are None: an SFT config
+has no init, rollout, rl, critic, noise or target; only PPO has a critic.
+
+Defaults are today's (sections.py's). A field a builder takes as an argument gets the shipped
+configs' most common value, said in its comment. What a config written before a field existed
+ran with is the migration's (config/migrate.py, applied where a config enters, before
+`from_dict`), never the schema's. Each section also answers dict-style reads (`get`, `[]`, `in`, `keys`) so that
+code that handles plain dicts as well keeps working; none of them writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import types
+import typing
+from typing import Any, Literal
+
+from rlscale.config.errors import ConfigError
+
+MISSING = dataclasses.MISSING
+
+
+def f(default: Any = MISSING, doc: str = "") -> Any:
+  """A field with its default (a section class: built fresh for each instance) and its doc."""
+  if isinstance(default, type) or isinstance(default, functools.partial):
+    return dataclasses.field(default_factory=default, metadata={"doc": doc})
+  return dataclasses.field(default=default, metadata={"doc": doc})
+
+
+@functools.lru_cache(maxsize=None)
+def _names(cls) -> tuple[str, ...]:
+  return tuple(fl.name for fl in dataclasses.fields(cls))
+
+
+class _Fields:
+  """Dict-style reads of a section's fields, for code that also handles plain dicts."""
+  __slots__ = ()
+
+  def keys(self) -> tuple[str, ...]:
+    return _names(type(self))
+
+  def get(self, name: str, default: Any = None) -> Any:
+    return getattr(self, name) if name in self.keys() else default
+
+  def __getitem__(self, name: str) -> Any:
+    if name not in self.keys():
+      raise KeyError(name)
+    return getattr(self, name)
+
+  def __contains__(self, name: object) -> bool:
+    return name in self.keys()
+
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Model(_Fields):
+  """The policy's architecture and dtypes (None: the named size's value)."""
+  name: str = f("tiny", "a named size of rlscale.models.NAMED; unused when hf_checkpoint is set")
+  hf_checkpoint: str = f("", "Hugging Face folder (config.json, safetensors, tokenizer.json) "
+                             "to build the model from")
+  dtype: Literal["float32", "bfloat16", "float16"] = f(
+      "float32", "dtype of activations and matmuls ('bfloat16' on GPU and TPU)")
+  param_dtype: Literal["float32", "bfloat16", "float16"] = f(
+      "float32", "dtype of the stored parameters and the optimizer moments")
+  vocab_size: int | None = f(None, "embedding rows, at least the tokenizer's vocabulary")
+  d_model: int | None = f(None, "model width")
+  num_layers: int | None = f(None, "decoder layers")
+  num_heads: int | None = f(None, "query heads")
+  num_kv_heads: int | None = f(None, "key/value heads (grouped-query attention)")
+  head_dim: int | None = f(None, "width of one attention head")
+  mlp_dim: int | None = f(None, "hidden width of the SwiGLU MLP")
+  rope_theta: float | None = f(None, "base of the rotary position embedding")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Mesh(_Fields):
+  """The device mesh, and how sampling and training share the devices."""
+  shape: tuple[int, ...] = f((-1, 1, 1), "devices along (data, fsdp, tensor); one -1 takes "
+                                         "the devices left over")
+  rules: tuple[tuple[str, str | tuple[str, ...] | None], ...] = f(
+      (), "(logical axis, mesh axis or axes) pairs applied over sharding.DEFAULT_RULES")
+  roles: Literal["colocated", "split"] = f(
+      "colocated", "colocated: every device samples and trains; split: the sampler gets "
+                   "devices of its own")
+  sampler_devices: int = f(0, "split: devices given to the sampler (a multiple of the "
+                              "processes)")
+  sampler_shape: tuple[int, ...] = f((-1, 1, 1), "split: the sampler's mesh over its devices")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Task(_Fields):
+  """The fields every task reads; a task's type adds its own (TASKS)."""
+  name: Literal["arithmetic", "chain_sum", "files", "tfds_math", "reasoning_gym"] = f(
+      "arithmetic", "the task that makes the problems (it picks the section's type)")
+  seed: int = f(0, "seed of the problem streams and of the held-out set")
+  num_eval: int = f(500, "problems in the held-out set")
+  # Read for every task (rlscale/rl/algorithm.py); a non-empty value is refused for the
+  # embedded tasks when PPO-ptx runs.
+  demo_files: str = f("", "PPO-ptx demonstration files (tasks on text); empty: the task's "
+                          "own demonstrations")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ArithmeticTask(Task):
+  """The embedded arithmetic task (rlscale/tasks/arithmetic.py)."""
+  name: Literal["arithmetic"] = f("arithmetic", "the embedded arithmetic task")
+  digits: int = f(3, "operands have 1 to this many digits")
+  ops: str = f("+-*", "the operators problems draw from, a subset of '+-*'")
+  mul_digits: int = f(1, "digits of a product's second factor at most")
+  partial_credit: bool = f(False, "reward up to 0.5 for an integer with some place values "
+                                  "right")
+  restate: float = f(0.0, "share of demonstrations that restate the equation (which the "
+                          "verifier rejects)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ChainSumTask(Task):
+  """The embedded chained-sum testbed (rlscale/tasks/chain_sum.py)."""
+  name: Literal["chain_sum"] = f("chain_sum", "sums of `terms` operands written out as a "
+                                              "scratchpad")
+  num_eval: int = f(2000, "problems in the held-out set (2,000: a standard error near 0.011)")
+  terms: int = f(4, "operands per problem (terms - 1 scratchpad steps)")
+  digits: int = f(1, "operands are below 10**digits")
+  flaw: float = f(0.65, "chance that a demonstration's step drops its ones carry")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TextTask(Task):
+  """The fields of the tasks on text, whose prompts go through the checkpoint's template."""
+  max_prompt_len: int = f(256, "prompts longer than this many tokens are skipped and counted, "
+                               "never cut")
+  max_answer_len: int = f(32, "tokens a correct response needs at most")
+  system_prompt: str = f("", "system message before each problem; empty: none")
+  instruction: str = f("Put the final answer in \\boxed{}.",
+                       "line appended to every problem; empty: none")
+  enable_thinking: bool | None = f(None, "Qwen3 templates' thinking switch; None: the "
+                                         "template's default")
+  grader: Literal["math", "numeric", "exact", "regex"] = f(
+      "math", "how a response is graded against the reference (rlscale/tasks/graders.py)")
+  grader_regex: str = f("", "regex grader: the answer is the pattern's first group (or its "
+                            "match)")
+  grader_timeout_s: float = f(2.0, "seconds one check may take before it scores 0")
+  prompt_field: str = f("question", "the column with the problem text (of the files and "
+                                    "demo_files)")
+  demo_field: str = f("response", "the column of demo_files with a demonstration's response")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FilesTask(TextTask):
+  """Problems and answers from the user's files (rlscale/tasks/files.py)."""
+  name: Literal["files"] = f("files", "prompts and answers read from the user's files")
+  train_files: str = f("", "comma-separated paths or globs of JSONL, Parquet or save_to_disk "
+                           "folders")
+  eval_files: str = f("", "the held-out set's files; empty: eval_fraction of the training rows")
+  eval_fraction: float = f(0.0, "share of the training rows held out when eval_files is empty")
+  answer_field: str = f("answer", "the column with the reference answer ('#### 72' and "
+                                  "\\boxed{} work)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TfdsMathTask(TextTask):
+  """A prepared TFDS math_dataset config (rlscale/tasks/tfds_math.py)."""
+  name: Literal["tfds_math"] = f("tfds_math", "a prepared TFDS math_dataset config")
+  tfds_name: str = f("math_dataset/arithmetic__add_or_sub", "the TFDS dataset and config "
+                                                            "to read")
+  data_dir: str = f("", "the TFDS data_dir holding it; empty: TFDS's default")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReasoningGymTask(TextTask):
+  """One of reasoning_gym's procedural generators (rlscale/tasks/reasoning_gym.py)."""
+  name: Literal["reasoning_gym"] = f("reasoning_gym", "a reasoning_gym procedural generator")
+  rg_dataset: str = f("basic_arithmetic", "the reasoning_gym generator's name")
+  rg_size: int = f(100_000, "problems in the training stream before it repeats")
+
+
+TASKS = {"arithmetic": ArithmeticTask, "chain_sum": ChainSumTask, "files": FilesTask,
+         "tfds_math": TfdsMathTask, "reasoning_gym": ReasoningGymTask}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Rollout(_Fields):
+  """Sampling of the training responses."""
+  # max_new_tokens: a builder argument; 6 as configs/grpo.py and configs/ppo.py.
+  max_new_tokens: int = f(6, "response budget in tokens, EOS included")
+  temperature: float = f(1.0, "sampling temperature of the training responses")
+  top_k: int = f(0, "keep the k most likely tokens; 0 keeps every token")
+  top_p: float = f(1.0, "nucleus sampling mass; 1 keeps every token")
+  generation_batch: int | str = f("auto", "responses per compiled decode call; 'auto': the "
+                                          "largest that fits the device memory")
+  decode_chunk: int | str = f("auto", "KV-cache slots per chunk of generated tokens; 'auto': "
+                                      "16 or 64 by rows per device")
+  max_staleness: int = f(0, "step t trains on responses of the weights after update "
+                            "max(0, t - 1 - k); 0: synchronous")
+  dynamic_sampling: bool = f(False, "drop groups of equal rewards and refill the step from "
+                                    "more prompts")
+  filter_min_std: float = f(0.0, "dynamic sampling also drops groups whose reward std is at "
+                                 "most this")
+  max_rounds: int = f(4, "rounds of decode calls per step at most before training on what "
+                         "is there")
+  oversample: float | str = f("auto", "prompts sent per informative group needed: 'auto' "
+                                      "(from the filtered share) or a number >= 1")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Rl(_Fields):
+  """The RL step's batch and the policy loss every algorithm shares (GrpoRl and PpoRl add
+  their own fields)."""
+  # num_prompts, group_size: builder arguments; 64 and 8 as configs/grpo.py.
+  num_prompts: int = f(64, "P: prompts per RL step")
+  group_size: int = f(8, "G: responses per prompt")
+  num_minibatches: int = f(1, "optimizer steps per epoch; a mini-batch is P*G/num_minibatches")
+  num_epochs: int = f(1, "passes over each step's responses")
+  microbatch: int | str = f("auto", "responses per forward/backward pass (never changes the "
+                                    "gradient); 'auto': the plan's")
+  clip_eps_low: float = f(0.2, "the ratio is clipped below at 1 - clip_eps_low")
+  clip_eps_high: float = f(0.28, "the ratio is clipped above at 1 + clip_eps_high (DAPO's "
+                                 "clip-higher)")
+  kl_coef: float = f(0.0, "weight of the KL penalty to the frozen base policy; 0 skips it")
+  kl_estimator: str = f("k3", "the KL estimator, a name in rlscale.rl.losses.KL_ESTIMATORS "
+                              "(k1 | k2 | k3)")
+  entropy_coef: float = f(0.0, "weight of the entropy bonus")
+  loss_aggregation: str = f("token-mean", "how token losses are averaged, a name in "
+                                          "rlscale.rl.losses.AGGREGATIONS")
+  old_logprobs: Literal["sampler", "recompute"] = f(
+      "sampler", "the ratio's old log-probs: recorded while sampling, or one forward more")
+  off_policy_correction: Literal["none", "tis", "mis", "decoupled"] = f(
+      "none", "correction of stale responses' tokens (rlscale/rl/off_policy.py)")
+  is_cap: float = f(2.0, "tis and mis truncate, decoupled masks, the importance weight above "
+                         "this")
+  mis_threshold: float = f(2.0, "mis: responses whose geometric-mean ratio lies outside "
+                                "[1/t, t] are masked")
+  ptx_coef: float = f(0.0, "PPO-ptx: weight of the demonstrations' mean NLL in the policy "
+                           "loss; 0: off")
+  ptx_rows: int = f(8, "PPO-ptx: demonstration rows per optimizer step")
+  dual_clip: float = f(0.0, "dual clip c > 1 of negative advantages' loss (Ye et al. 2020); "
+                            "0: off")
+  prox_com: float = f(0.0, "ppo_ewma: the proximal policy's centre of mass in optimizer "
+                           "steps; 0: none")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GrpoRl(Rl):
+  """GRPO's rl section: the shared fields and its group-relative advantage."""
+  advantage: str = f("grpo", "group-relative advantage, a name in rlscale.rl.advantages."
+                             "ADVANTAGES (grpo | dr_grpo | rloo)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PpoRl(Rl):
+  """PPO's (and PPO-EWMA's) rl section: the shared fields and its GAE advantages."""
+  gamma: float = f(1.0, "discount of the token-level rewards")
+  lam: float = f(0.95, "GAE lambda")
+  whiten_advantages: bool = f(True, "normalize the advantages over the batch's valid tokens")
+
+
+RL_TYPES = {"grpo": GrpoRl, "ppo": PpoRl, "ppo_ewma": PpoRl}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Optim(_Fields):
+  """An AdamW optimizer with batch-size scaling rules (rlscale/rl/optim.py)."""
+  # lr: a builder argument; 1e-4 as configs/grpo.py and configs/ppo.py's actor.
+  lr: float = f(1e-4, "peak learning rate at the reference batch")
+  lr_scaling: Literal["none", "linear", "sqrt"] = f(
+      "none", "how lr follows the batch relative to reference_batch")
+  lr_batch: Literal["nominal", "effective"] = f(
+      "nominal", "the batch lr_scaling follows: responses per step, or its informative ones")
+  reference_batch: int | None = f(None, "responses per optimizer step at which lr was tuned; "
+                                        "None: the run's own")
+  adam_scaling: bool = f(False, "also scale Adam's betas and eps with the batch")
+  schedule: Literal["constant", "cosine", "linear"] = f(
+      "constant", "the learning rate after warmup, decayed to the run's end or not")
+  warmup_responses: int = f(0, "linear warmup from 0 over this many responses "
+                               "(demonstrations in SFT)")
+  final_lr_frac: float = f(0.0, "cosine and linear decay end at lr * final_lr_frac")
+  b1: float = f(0.9, "Adam beta1")
+  b2: float = f(0.999, "Adam beta2")
+  eps: float = f(1e-8, "Adam epsilon")
+  weight_decay: float = f(0.0, "decoupled (AdamW) weight decay")
+  grad_clip: float = f(1.0, "clip the global gradient norm to this; 0: no clipping")
+  state_dtype: Literal["", "float32"] = f("", "dtype of Adam's moments; empty: the "
+                                              "parameters'")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Critic(_Fields):
+  """PPO's value model: its backbone, batches, loss and optimizer."""
+  hf_checkpoint: str = f("", "the critic's backbone folder; empty: the base policy's")
+  num_minibatches: int = f(1, "critic optimizer steps per epoch")
+  num_epochs: int = f(1, "critic passes over each step's responses")
+  microbatch: int | str = f("auto", "responses per forward/backward pass of the critic; "
+                                    "'auto': the plan's")
+  value_clip: float = f(0.2, "clip of the value update around the old values; 0: off")
+  warmup_steps: int = f(10, "first RL steps that train the critic alone (its head starts "
+                            "random)")
+  # lr and reference_batch: builder arguments; 3e-4 and 256 as configs/ppo.py.
+  optim: Optim = f(functools.partial(Optim, lr=3e-4, reference_batch=256),
+                   "the critic's own optimizer")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Init(_Fields):
+  """Where an RL run's policy starts."""
+  hf_checkpoint: str = f("", "start from this folder (else model.hf_checkpoint, else the SFT "
+                             "base)")
+  sft_config: str = f("configs/sft.py", "the base policy's SFT recipe (its model, task and "
+                                        "mesh are the run's)")
+  cache_dir: str = f("runs/base", "base policies are cached here by their SFT config's hash")
+  branch_from: str = f("", "run directory whose checkpoint a branch starts from; empty: the "
+                           "base policy")
+  branch_step: int = f(0, "step of branch_from's checkpoint to start from")
+  branch_optimizer: Literal["fresh", "parent"] = f(
+      "fresh", "a branch's Adam state: empty moments, or the parent's")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Train(_Fields):
+  """The run's length, evaluation and checkpoint cadence, logging and memory."""
+  # num_steps: a builder argument; 200 as configs/grpo.py, ppo.py and grpo_math.py.
+  num_steps: int = f(200, "steps of the run (unused when total_responses is set)")
+  total_responses: int = f(0, "run length in responses instead of steps; 0: num_steps")
+  eval_every: int = f(25, "held-out evaluation every N steps and at the end; 0: at the end "
+                          "only")
+  eval_every_responses: int = f(0, "evaluate at multiples of this many responses instead; 0: "
+                                   "eval_every")
+  checkpoint_every: int = f(50, "save every N steps and at the end; 0: at the end only")
+  keep_checkpoints: int = f(2, "checkpoints kept on disk")
+  keep_period: int = f(0, "also keep checkpoints of steps that are multiples of this; 0: none")
+  async_checkpoint: bool = f(True, "write checkpoints while the next steps run")
+  peer_timeout_s: int = f(100, "whole seconds without a heartbeat after which a process "
+                               "counts as lost")
+  log_every: int = f(10, "console progress line every N steps")
+  tensorboard: bool = f(True, "write TensorBoard event files beside metrics.jsonl")
+  peak_flops: float = f(0.0, "one device's peak FLOP/s for MFU; 0: known accelerators only")
+  remat: Literal["none", "full", "dots"] = f(
+      "none", "rematerialization of each decoder block in the training forward")
+  logprob_chunk: int = f(8192, "vocabulary columns per chunk of the log-softmax; 0: all at "
+                               "once")
+  shared_prompt: Literal["auto", True, False] = f(
+      "auto", "RL: run each group's shared prompt once per micro-batch ('auto': when it fits)")
+  pack_responses: bool = f(True, "with shared prompts: pack a micro-batch's responses into "
+                                 "fewer rows")
+  compile_buckets: Literal["auto", "ahead", "on_use"] = f(
+      "auto", "when packed buckets' updates compile: all at first, as met, or 'auto'")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Eval(_Fields):
+  """Held-out evaluation."""
+  greedy: bool = f(True, "score the greedy response to every held-out problem")
+  sampled: bool = f(True, "score one temperature-1 response per held-out problem")
+  reference: bool = f(False, "score the teacher-forced log-likelihood of the reference "
+                             "responses")
+  generation_batch: int = f(512, "held-out rows per compiled decode call")
+  adaptive: bool = f(False, "evaluate in doubling stages until the target's side is settled")
+  adaptive_z: float = f(2.0, "standard errors from target.value that settle an adaptive "
+                             "evaluation")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Target(_Fields):
+  """The evaluation value an RL run aims at."""
+  # metric and value: builder arguments; as configs/grpo.py and configs/ppo.py.
+  metric: str = f("eval/accuracy_greedy", "the evaluation metric the target is read from")
+  value: float = f(0.6, "the target is met at the first evaluation with metric >= value")
+  stop: bool = f(False, "end the run once the target is met (after a checkpoint)")
+  stop_margin: float = f(0.0, "with stop: go on to (1 + stop_margin) x the responses to "
+                              "target")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Noise(_Fields):
+  """The gradient noise scale measurement."""
+  enabled: bool = f(True, "measure it (needs 2 or more micro-batches per mini-batch)")
+  decay: float = f(0.9, "EMA decay per RL step of the |G|^2 and tr(Sigma) estimates")
+  prompt_level: bool = f(True, "on alternate steps, micro-batches of whole groups (B in "
+                               "prompts)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Sft(_Fields):
+  """Supervised training of the base policy (configs/sft.py)."""
+  # No builder in sections.py: the values of configs/sft.py.
+  batch_size: int = f(128, "demonstrations per step, over all processes")
+  microbatch: int | str = f(128, "rows per forward/backward pass; 'auto': the batch plan's")
+
+
+KINDS = ("sft", "grpo", "ppo", "ppo_ewma")
+_OPTIONAL = ("init", "rollout", "rl", "critic", "noise", "target", "sft")
+
+
+def _needs(kind: str) -> frozenset[str]:
+  """The optional sections a config of `kind` has."""
+  if kind == "sft":
+    return frozenset({"sft"})
+  return frozenset({"init", "rollout", "rl", "noise", "target"}
+                   | ({"critic"} if RL_TYPES[kind] is PpoRl else set()))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config(_Fields):
+  """A whole run's config; a section its kind lacks is None (and not among keys())."""
+  kind: Literal["sft", "grpo", "ppo", "ppo_ewma"] = f(
+      doc="sft, or the RL algorithm (rlscale/rl/algorithm.py)")
+  seed: int = f(0, "every random draw of the run derives from it")
+  model: Model = f(Model, "the policy's architecture")
+  mesh: Mesh = f(Mesh, "the device mesh")
+  task: (ArithmeticTask | ChainSumTask | FilesTask | TfdsMathTask
+         | ReasoningGymTask) = f(ArithmeticTask, "the problems, prompts and verifier")
+  init: Init | None = f(None, "RL: where the policy starts")
+  rollout: Rollout | None = f(None, "RL: sampling of the training responses")
+  rl: GrpoRl | PpoRl | None = f(None, "RL: the step's batch and the algorithm's loss")
+  optim: Optim = f(Optim, "the policy's optimizer")
+  critic: Critic | None = f(None, "PPO: the value model")
+  noise: Noise | None = f(None, "RL: the gradient noise scale measurement")
+  target: Target | None = f(None, "RL: the evaluation value the run aims at")
+  train: Train = f(Train, "the run's length and cadence")
+  eval: Eval = f(Eval, "held-out evaluation")
+  sft: Sft | None = f(None, "SFT: the demonstrations' batch")
+
+  def __post_init__(self):
+    errors = _kind_errors(self.kind, {n for n in _OPTIONAL if getattr(self, n) is not None})
+    if self.kind in RL_TYPES and self.rl is not None and type(self.rl) is not RL_TYPES[self.kind]:
+      errors.append(f"rl: kind={self.kind!r} takes a {RL_TYPES[self.kind].__name__}, not a "
+                    f"{type(self.rl).__name__}")
+    if errors:
+      raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+
+  def keys(self) -> tuple[str, ...]:
+    return tuple(n for n in _names(Config) if getattr(self, n) is not None)
+
+
+def _kind_errors(kind: str, present: set[str]) -> list[str]:
+  """Sections `present` that `kind` lacks, and those it needs that are absent."""
+  if kind not in KINDS:
+    return []
+  needs = _needs(kind)
+  return ([f"{n}: kind={kind!r} has no {n} section" for n in _OPTIONAL
+           if n in present and n not in needs]
+          + [f"{n}: missing (kind={kind!r} needs it)" for n in _OPTIONAL
+             if n in needs and n not in present])
+
+
+# --- from_dict ---
+_BAD = object()
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls) -> dict[str, Any]:
+  return typing.get_type_hints(cls)
+
+
+def _is_union(hint) -> bool:
+  return typing.get_origin(hint) in (typing.Union, types.UnionType)
+
+
+def _value(value, hint):
+  """`value` as a field of type `hint` holds it (lists become tuples), or _BAD. A bool is no
+  int or float; an int is a float, kept as it is."""
+  origin, args = typing.get_origin(hint), typing.get_args(hint)
+  if _is_union(hint):
+    for arg in args:
+      out = _value(value, arg)
+      if out is not _BAD:
+        return out
+    return _BAD
+  if origin is Literal:
+    return value if any(type(value) is type(a) and value == a for a in args) else _BAD
+  if origin is tuple:
+    if not isinstance(value, (list, tuple)):
+      return _BAD
+    items = args[:1] * len(value) if args[-1:] == (Ellipsis,) else args
+    out = tuple(_value(v, a) for v, a in zip(value, items))
+    return out if len(items) == len(value) and _BAD not in out else _BAD
+  if hint is type(None):
+    return value if value is None else _BAD
+  if hint in (int, float):
+    ok = isinstance(value, int if hint is int else (int, float)) and not isinstance(value, bool)
+  else:
+    ok = isinstance(value, hint)
+  return value if ok else _BAD
+
+
+def _text(hint) -> str:
+  """A type as it is written: int | None, tuple[int, ...], Literal['a', 'b']."""
+  args = typing.get_args(hint)
+  if _is_union(hint):
+    return " | ".join(map(_text, args))
+  if typing.get_origin(hint) is Literal:
+    return f"Literal[{', '.join(map(repr, args))}]"
+  if typing.get_origin(hint) is tuple:
+    return f"tuple[{', '.join('...' if a is Ellipsis else _text(a) for a in args)}]"
+  return "None" if hint is type(None) else hint.__name__
+
+
+def _phrase(hint) -> str:
+  """What a value of type `hint` must be, for an error message."""
+  if _is_union(hint):
+    return " or ".join(map(_phrase, typing.get_args(hint)))
+  if typing.get_origin(hint) is Literal:
+    return f"one of {', '.join(map(repr, typing.get_args(hint)))}"
+  words = {int: "an int", float: "a float", str: "a str", bool: "True or False",
+           type(None): "None"}
+  return words.get(hint) or f"a {_text(hint)}"
+
+
+def _join(path: str, name: str) -> str:
+  return f"{path}.{name}" if path else name
+
+
+def _unknown(path: str, name: str, known) -> str:
+  close = difflib.get_close_matches(name, list(known), n=1)
+  return (f"{_join(path, name)}: no such field"
+          + (f" (did you mean {_join(path, close[0])}?)" if close else ""))
+
+
+def _section(cls, d, path: str, errors: list[str], others=frozenset()):
+  """`d` as a `cls`, or None with its problems added to `errors`; a key in `others` (a field
+  of another type of the section) is accepted and left out."""
+  if not isinstance(d, dict):
+    errors.append(f"{path}={d!r}: a section (a dict of its fields)")
+    return None
+  before, hints, kwargs = len(errors), _hints(cls), {}
+  names = _names(cls)
+  errors += [_unknown(path, k, sorted(set(names) | set(others))) for k in d
+             if k not in names and k not in others]
+  for field in dataclasses.fields(cls):
+    name, hint = field.name, hints[field.name]
+    if name not in d:
+      if field.default is MISSING and field.default_factory is MISSING:
+        errors.append(f"{_join(path, name)}: missing ({_phrase(hint)})")
+    elif dataclasses.is_dataclass(hint):
+      kwargs[name] = _section(hint, d[name], _join(path, name), errors)
+    else:
+      kwargs[name] = _value(d[name], hint)
+      if kwargs[name] is _BAD:
+        errors.append(f"{_join(path, name)}={d[name]!r}: {_phrase(hint)}")
+  return cls(**kwargs) if len(errors) == before else None
+
+
+@functools.lru_cache(maxsize=None)
+def _fields_of(*classes) -> frozenset[str]:
+  return frozenset(n for c in classes for n in _names(c))
+
+
+def from_dict(d: dict) -> Config:
+  """A nested plain dict (ConfigDict.to_dict(), a run's config.json) as a Config; a
+  ConfigError naming every problem, one per line, otherwise. Absent fields take their
+  defaults; a task field of another task type is accepted and left out."""
+  if not isinstance(d, dict):
+    raise ConfigError(f"invalid config:\n  {d!r}: a config (a dict of its sections)")
+  errors: list[str] = []
+  hints = _hints(Config)
+  errors += [_unknown("", k, _names(Config)) for k in d if k not in _names(Config)]
+  kind = d.get("kind")
+  if "kind" not in d:
+    errors.append(f"kind: missing ({_phrase(hints['kind'])})")
+  elif _value(kind, hints["kind"]) is _BAD:
+    errors.append(f"kind={kind!r}: {_phrase(hints['kind'])}")
+  kind = kind if isinstance(kind, str) and kind in KINDS else None
+  kwargs: dict[str, Any] = {"kind": kind}
+  if "seed" in d:
+    kwargs["seed"] = _value(d["seed"], hints["seed"])
+    if kwargs["seed"] is _BAD:
+      errors.append(f"seed={d['seed']!r}: {_phrase(hints['seed'])}")
+  if kind is not None:
+    errors += _kind_errors(kind, {n for n in _OPTIONAL if n in d})
+  for name in _names(Config):
+    if name in ("kind", "seed"):
+      continue
+    if name not in d:
+      if name not in _OPTIONAL:
+        errors.append(f"{name}: missing (every config has it)")
+      continue
+    if name == "task":
+      kwargs[name] = _task(d[name], errors)
+    elif name == "rl":
+      rl = RL_TYPES[kind] if kind in RL_TYPES else Rl
+      others = _fields_of(*RL_TYPES.values()) if rl is Rl else frozenset()
+      kwargs[name] = _section(rl, d[name], name, errors, others)
+    else:
+      cls = next(a for a in typing.get_args(hints[name]) or (hints[name],) if a is not type(None))
+      kwargs[name] = _section(cls, d[name], name, errors)
+  if errors:
+    raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+  return Config(**kwargs)
+
+
+def _task(d, errors: list[str]):
+  """The task section as the type its name picks."""
+  name = d.get("name", Task.name) if isinstance(d, dict) else None
+  if isinstance(d, dict) and (not isinstance(name, str) or name not in TASKS):
+    errors.append(f"task.name={name!r}: no such task (one of {', '.join(TASKS)})")
+    return None
+  return _section(TASKS.get(name, Task), d, "task", errors, _fields_of(*TASKS.values()))
+
+
+def to_dict(cfg: Config) -> dict:
+  """The nested plain dict of `cfg`'s fields (from_dict's inverse): sections that are None
+  are left out, tuples stay tuples."""
+  def plain(node):
+    return {k: plain(node[k]) if isinstance(node[k], _Fields) else node[k]
+            for k in node.keys()}
+  return plain(cfg)
+
+
+def describe() -> list[tuple[str, str, object, str]]:
+  """(dotted name, type, default, doc) of every field, for the generated documentation.
+
+  A field of some types of a section only is named with them: task[files|tfds_math|
+  reasoning_gym].grader, rl[ppo|ppo_ewma].gamma; kind's default is dataclasses.MISSING (a
+  config must say it)."""
+  rows: list[tuple[str, str, object, str]] = []
+  _describe(Config, None, "", rows)
+  return rows
+
+
+def _describe(cls, instance, path: str, rows: list) -> None:
+  hints = _hints(cls)
+  for field in dataclasses.fields(cls):
+    name, hint = _join(path, field.name), hints[field.name]
+    kinds = [a for a in typing.get_args(hint) if dataclasses.is_dataclass(a)]
+    if dataclasses.is_dataclass(hint) or kinds:
+      variants = kinds or [hint]
+      if len(variants) == 1:
+        default = getattr(instance, field.name) if instance is not None else None
+        _describe(variants[0], default if default is not None else _fresh(field, variants[0]),
+                  name, rows)
+      else:
+        _variants(variants, name, rows)
+      continue
+    default = getattr(instance, field.name) if instance is not None else field.default
+    rows.append((name, _text(hint), default, field.metadata["doc"]))
+
+
+def _fresh(field, cls):
+  return field.default_factory() if field.default_factory is not MISSING else cls()
+
+
+def _variants(classes, path: str, rows: list) -> None:
+  """The fields of a section with one type per variant (task, rl), each named once with the
+  variants that share its type, default and doc."""
+  table = TASKS if issubclass(classes[0], Task) else RL_TYPES
+  labels = {c: "|".join(n for n, t in table.items() if t is c) for c in classes}
+  per: dict[str, dict[tuple, list[str]]] = {}
+  for cls in classes:
+    sub: list = []
+    _describe(cls, cls(), "", sub)
+    for name, kind, default, doc in sub:
+      per.setdefault(name, {}).setdefault((kind, repr(default), doc, default), []).append(
+          labels[cls])
+  for name, groups in per.items():
+    for (kind, _, doc, default), which in groups.items():
+      label = "" if len(which) == len(classes) else f"[{'|'.join(which)}]"
+      rows.append((f"{path}{label}.{name}", kind, default, doc))
