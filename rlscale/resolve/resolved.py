@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 import ml_collections
 
-from rlscale.config import fields, migrate
+from rlscale.config import fields, migrate, schema
 from rlscale.config.errors import ConfigError
 from rlscale.plan import batch
 from rlscale.resolve import experiment, owner_checks
@@ -39,6 +40,9 @@ class Resolved:
   # when a Hugging Face folder is the base, or when a relative init.sft_config was not found
   # without the config file it may sit beside (run/base_policy.py then says so).
   recipe: "Resolved | None" = None
+  # The same config as typed sections (config/schema.py): every field with its type, so that a
+  # reader of a misspelt field fails when checked, not when reached.
+  typed: schema.Config | None = None
 
   @property
   def kind(self) -> str:
@@ -72,6 +76,7 @@ def resolve(cfg: ml_collections.ConfigDict, workdir: str | None, config_file: st
                       "which set what older configs ran with")
   fields.sections(cfg)  # a missing kind or section is reported alone
   errors = fields.check(cfg, workdir, allow_config_change) + owner_checks.errors(cfg)
+  typed = _typed(cfg, errors)
   checked = len(errors)  # the fields' own errors; what follows depends on the devices too
   env = setup or experiment.setup(cfg, errors)
   plan = batch.plan_for(cfg, env, errors)
@@ -83,7 +88,21 @@ def resolve(cfg: ml_collections.ConfigDict, workdir: str | None, config_file: st
   frozen = ml_collections.FrozenConfigDict(cfg)
   if workdir is not None:
     experiment.check_resume(workdir, frozen, allow_config_change)
-  return Resolved(frozen, workdir, config_file, env, plan, recipe=recipe)
+  return Resolved(frozen, workdir, config_file, env, plan, recipe=recipe, typed=typed)
+
+
+def _typed(cfg, errors: list[str]) -> schema.Config | None:
+  """`cfg` as typed sections; the schema's problems join `errors`, but for a field another
+  check already named (its message says more: the value's range, the fix)."""
+  try:
+    return schema.from_dict(cfg.to_dict())
+  except ConfigError as e:
+    named = " ".join(errors)
+    for line in str(e).splitlines()[1:]:
+      field = re.split(r"[=:]", line.strip(), maxsplit=1)[0]
+      if field not in named:
+        errors.append(line.strip())
+    return None
 
 
 def _refuse_another_layout(workdir: str, cfg, env: experiment.Setup,

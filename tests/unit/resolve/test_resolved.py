@@ -82,3 +82,22 @@ def test_both_trainers_implement_the_trainer_protocol():
       assert len(inspect.signature(impl).parameters) == len(sig.parameters), (cls, name)
     # Trainers take the resolved run, never a bare config.
     assert list(inspect.signature(cls.__init__).parameters) == ["self", "run"]
+
+
+def test_a_misspelt_or_mistyped_field_is_refused_at_resolve_with_the_name_it_meant():
+  """A config file that sets a field no section has (a typo) or a value of the wrong type is
+  refused by the resolve step, naming the closest field, not read later as absent; the
+  resolved run carries the typed config."""
+  cfg = config_files.load("configs/grpo.py:tiny")
+  run = resolved.resolve(cfg, None)
+  assert run.typed.rollout.max_staleness == 0 and run.typed.rl.group_size == cfg.rl.group_size
+  with cfg.unlocked():  # as a config.json or a hand-built dict can hold them
+    cfg.rollout.max_stalness = 1
+    del cfg.noise["prompt_level"]
+    cfg.noise.prompt_level = "yes"
+  with pytest.raises(ConfigError) as e:
+    resolved.resolve(cfg, None)
+  assert "rollout.max_stalness: no such field (did you mean rollout.max_staleness?)" in str(e.value)
+  lines = str(e.value).splitlines()[1:]  # the field's own check names it, the schema no twice
+  assert [line.strip() for line in lines if "prompt_level" in line] == [
+      "noise.prompt_level='yes' must be True or False"]
