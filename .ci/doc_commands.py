@@ -174,6 +174,7 @@ TINY_PROBE = [flag("at", "4"), flag("batches", "4,8,12"), flag("seeds", "3"), fl
 # The sweeps' points that run: a few of the tiny sweep's (the others are the same program).
 BI_POINTS = "p=[48],lr_scaling=sqrt,seed=0$"  # P = 4, 8 of the tiny batch_invariance
 DS_POINTS = "p=[12],seed=0$"  # dynamic sampling on and off at P = 1, 2
+STALE_POINTS = "^max_staleness=[01],(off_policy_correction=(none|tis),)?p=1,.*seed=100$"
 # The committed examples' names for what the tiny forms make.
 RUN_A, RUN_B = "runs/bi/p=4,lr_scaling=sqrt,seed=0", "runs/bi/p=8,lr_scaling=sqrt,seed=0"
 
@@ -242,6 +243,8 @@ RULES = [
     rule(r"launch/sweep\.py .*--dry_run"),
     rule(r"launch/sweep\.py .*--sweep=batch_invariance", config_arg("tiny"),
          flag("only", BI_POINTS), why="2 points of the tiny sweep"),
+    rule(r"launch/sweep\.py .*--sweep=staleness", config_arg("tiny"), flag("only", STALE_POINTS),
+         why="3 points of the tiny sweep: k = 0, and k = 1 without and with tis, at P = 1"),
     rule(r"launch/sweep\.py .*--sweep=dynamic_sampling", config_arg("tiny"),
          flag("only", DS_POINTS), why="4 points of the tiny sweep"),
     rule(r"launch/study\.py ", config_arg("tiny", name="study"), timeout=900,

@@ -318,7 +318,7 @@ def staleness_costs(path: str, kind: str, correction: str) -> dict[int, list[Cos
   d = pd.read_csv(csv)
   axes = set(d.get("sample_axis", pd.Series(dtype=str)).dropna())
   from analysis import runs as runs_lib
-  if axes and axes != {runs_lib.axis_label(runs_lib.GENERATED)}:
+  if axes and axes != {runs_lib.GENERATED}:  # the report's CSVs name the axis by its key
     raise Refusal(f"--staleness={path}: its ratios count {', '.join(sorted(axes))}; the "
                   "advisor's E counts responses generated (report it with the default axis)")
   d = d[(d.kind == kind) & ~d.dynamic_sampling.astype(bool) & (d.correction == correction)
@@ -328,15 +328,18 @@ def staleness_costs(path: str, kind: str, correction: str) -> dict[int, list[Cos
                   f"{correction!r} there")
   out: dict[int, list[Cost]] = {}
   for r in d.itertuples():
-    if r.ratio_n and all(np.isfinite([r.ratio_to_k0, r.ratio_lo, r.ratio_hi])):
+    # A ratio whose upper end is unbounded (a censored seed) or that never reached the target
+    # (inf) is kept as it is: dropping it would let a smaller B's finite ratio stand in.
+    if r.ratio_n and not np.any(np.isnan([r.ratio_to_k0, r.ratio_lo, r.ratio_hi])):
       out.setdefault(int(r.k), []).append(Cost(int(r.B), float(r.ratio_to_k0), float(r.ratio_lo),
                                                float(r.ratio_hi), int(r.ratio_n)))
   return out
 
 
 def cost_at(costs: list[Cost], b: int) -> tuple[Cost, bool]:
-  """The measured ratio at the B nearest `b` (in log B), and whether it was measured at b."""
-  near = min(costs, key=lambda c: (abs(math.log(c.b / b)), c.b))
+  """The measured ratio at the B nearest `b` (in log B; of two as near, the costlier: staleness
+  costs more at a larger batch here), and whether it was measured at b."""
+  near = min(costs, key=lambda c: (round(abs(math.log(c.b / b)), 9), -c.ratio, c.b))
   return near, near.b == b
 
 

@@ -1,5 +1,6 @@
 """The advisor (analysis/advise.py) on fake studies with a known answer, and its refusals."""
 
+import os
 import math
 
 import numpy as np
@@ -7,6 +8,7 @@ import pandas as pd
 import pytest
 
 from analysis import advise
+from tests.support import REPO
 
 G = 8
 
@@ -176,14 +178,15 @@ def test_a_run_from_a_checkpoint_folder_is_that_model(tmp_path):
   assert advise.run_model(str(tmp_path)) == "/models/Qwen2.5-0.5B"  # name is ignored then
 
 
-def _costs_csv(path, ratios, kind="grpo", correction="none"):
+def _costs_csv(path, ratios, kind="grpo", correction="none", axis="generated"):
   """A staleness report's CSV (analysis/sections/staleness.py's columns the advisor reads):
   {k: {B: ratio}}, intervals +-10%, 5 seeds."""
   rows = [dict(kind=kind, dynamic_sampling=False, correction=correction, B=b, k=k,
-               ratio_to_k0=r, ratio_lo=r * 0.9, ratio_hi=r * 1.1, ratio_n=5)
+               ratio_to_k0=r, ratio_lo=r * 0.9, ratio_hi=r * 1.1, ratio_n=5, sample_axis=axis)
           for k, by_b in ratios.items() for b, r in by_b.items()]
   rows += [dict(kind=kind, dynamic_sampling=False, correction=correction, B=b, k=0,
-                ratio_to_k0=1.0, ratio_lo=1.0, ratio_hi=1.0, ratio_n=5) for b in (16, 64)]
+                ratio_to_k0=1.0, ratio_lo=1.0, ratio_hi=1.0, ratio_n=5, sample_axis=axis)
+           for b in (16, 64)]
   pd.DataFrame(rows).to_csv(path, index=False)
   return str(path)
 
@@ -195,6 +198,20 @@ def test_staleness_costs_read_the_reports_csv_and_the_nearest_batch_stands_in():
   for col in ("ratio_to_k0", "ratio_lo", "ratio_hi", "ratio_n", "dynamic_sampling"):
     assert f'"{col}"' in src  # the columns the advisor reads are the section's
   assert staleness.STEM + ".csv" == advise.STALENESS_CSV
+  # The committed sweep's report (docs/staleness) is read as written: k = 1 ... 8 at its B.
+  costs = advise.staleness_costs(os.path.join(REPO, "docs", "staleness"), "grpo", "none")
+  assert sorted(costs) == [1, 2, 4, 8] and [c.b for c in costs[1]] == [16, 64, 256]
+  assert costs[4][2].ratio == pytest.approx(3.06, rel=0.01) and costs[4][2].seeds == 5
+  # An unbounded upper end (a censored seed) and a B whose median never reached the target
+  # stay: at B = 4096 k = 2 and 8 are read from B = 256, not from a smaller B's finite ratio.
+  assert advise.cost_at(costs[2], 4096)[0].b == 256 and costs[2][2].hi == math.inf
+  assert advise.cost_at(costs[8], 4096)[0].ratio == math.inf
+
+
+def test_staleness_costs_counted_in_responses_trained_are_refused(tmp_path):
+  csv = _costs_csv(tmp_path / "s.csv", {1: {16: 1.0}}, axis="trained")
+  with pytest.raises(advise.Refusal, match="its ratios count trained"):
+    advise.staleness_costs(csv, "grpo", "none")
 
 
 @pytest.mark.parametrize("ratio, best", [(1.1, "split k=1"), (2.0, "colocated")])
@@ -205,6 +222,9 @@ def test_k_wins_where_its_faster_step_outweighs_its_measured_sample_cost(tmp_pat
                                  "grpo", "none")
   assert [c.b for c in costs[1]] == [16, 64]
   assert advise.cost_at(costs[1], 32)[0].b == 16 and not advise.cost_at(costs[1], 32)[1]
+  # 32 lies as near 16 as 64 (in log B): of two as near, the costlier stands in
+  two = [advise.Cost(16, 1.0, 0.9, 1.1, 5), advise.Cost(64, 1.5, 1.2, 1.9, 5)]
+  assert advise.cost_at(two, 32) == (two[1], False) and advise.cost_at(two, 20)[0] is two[0]
   assert advise.cost_at(costs[1], 256) == (costs[1][1], False)  # nearest in log B: 64
   points, lrs, g, _ = advise.best_lr_points(fake_runs(), {})
   estimates, _ = advise.from_study(points, lrs)
