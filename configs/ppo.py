@@ -46,8 +46,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rl.gamma = 1.0  # discount of the token-level rewards
   c.rl.lam = 0.95  # GAE lambda
   c.rl.whiten_advantages = True  # normalize advantages over the batch's valid tokens
-  c.rl.dual_clip = 0.0  # dual clip c > 1 for negative advantages (Ye et al. 2020); 0: off
-  c.rl.prox_com = 0.0  # ppo_ewma: proximal policy's centre of mass, optimizer steps at ref. batch
 
   c.optim = common.optim(lr=1e-4)  # the actor's
   c.optim.b2 = 0.99  # RL gradients are noisy and non-stationary: a shorter second-moment memory

@@ -71,6 +71,7 @@ def chain_sum_task() -> ml_collections.ConfigDict:
   c.terms = 4  # operands per problem: terms - 1 scratchpad steps (<= 23 tokens at 4 one-digit)
   c.digits = 1  # operands below 10**digits
   c.flaw = 0.65  # chance that a demonstration's step drops its ones carry (the base's headroom)
+  c.demo_files = ""  # PPO-ptx demonstrations; empty: the task's own
   return c
 
 
@@ -301,6 +302,8 @@ def rl(num_prompts: int, group_size: int, **overrides) -> ml_collections.ConfigD
   # added to every optimizer step's policy loss; 0 turns it off.
   c.ptx_coef = 0.0
   c.ptx_rows = 8
+  c.dual_clip = 0.0  # dual clip c > 1 of negative advantages' loss (Ye et al. 2020); 0: off
+  c.prox_com = 0.0  # ppo_ewma: the proximal policy's centre of mass, optimizer steps at ref. B
   c.update(overrides)
   return c
 
