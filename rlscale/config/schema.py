@@ -673,3 +673,37 @@ def _variants(classes, path: str, rows: list) -> None:
     for (kind, _, doc, default), which in groups.items():
       label = "" if len(which) == len(classes) else f"[{'|'.join(which)}]"
       rows.append((f"{path}{label}.{name}", kind, default, doc))
+
+
+def _cell(value) -> str:
+  if value is MISSING:
+    return "(required)"
+  return "`" + repr(value).replace("|", "\\|") + "`"
+
+
+def markdown() -> str:
+  """docs/config.md: every field of every section, with its type, default and doc."""
+  lines = ["# Config fields", "",
+           "Every field a run's config holds, by section: its type, its default and what it "
+           "does. A config file's `get_config` sets them (`configs/*.py`), `--config.a.b=value` "
+           "overrides one on the command line, and a run directory's `config.json` records "
+           "them with its `schema_version`; a field set that no section has is refused at "
+           "resolve, naming the field meant. `task[chain_sum].terms` is a field of the "
+           "chain_sum task only, `rl[ppo|ppo_ewma].gamma` of those algorithms'. Generated from "
+           "`rlscale/config/schema.py`: `python -m rlscale.config.schema > docs/config.md`.",
+           ""]
+  section = None
+  for name, kind, default, doc in describe():
+    head = name.split(".")[0].split("[")[0] if "." in name else "run"
+    if head != section:
+      section = head
+      lines += ["", f"## {section}", "", "| field | type | default | what it does |",
+                "| --- | --- | --- | --- |"]
+    bar = "\\|"  # a | inside a table cell
+    lines.append(f"| `{name.replace('|', bar)}` | {kind.replace('|', bar)} | {_cell(default)} | "
+                 f"{doc} |")
+  return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+  print(markdown(), end="")

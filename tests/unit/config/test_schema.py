@@ -270,3 +270,11 @@ def test_sections_are_frozen_and_read_like_dicts():
   with pytest.raises(ConfigError, match="takes a PpoRl"):
     schema.Config(**{**{n: getattr(cfg, n) for n in cfg.keys()}, "kind": "ppo",
                      "critic": schema.Critic()})
+
+
+def test_the_config_reference_page_is_the_schemas():
+  """docs/config.md is generated from the schema: regenerate it with
+  `python -m rlscale.config.schema > docs/config.md` when a field changes."""
+  with open(os.path.join(REPO, "docs", "config.md")) as f:
+    assert f.read() == schema.markdown()
+  assert "| `rollout.max_staleness` | int | `0` |" in schema.markdown()
