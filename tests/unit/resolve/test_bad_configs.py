@@ -37,7 +37,11 @@ KEPT_2 = Folder("run_kept_2")  # a run directory that kept the checkpoint of ste
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-  root = tmp_path_factory.mktemp("bad_configs")
+  return make_folders(tmp_path_factory.mktemp("bad_configs"))
+
+
+def make_folders(root):
+  """The folders the table's `Folder` values name, made under `root`."""
   (root / "file").write_text("not a folder")
   (root / "config_only").mkdir()
   shutil.copy(os.path.join(FIXTURE, "config.json"), root / "config_only")
