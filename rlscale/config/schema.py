@@ -18,6 +18,16 @@ and each algorithm's own fields in a subclass (`GrpoRl`: rl.advantage; `PpoRl`: 
 whitening); `kind` picks the type (`RL_TYPES`). Sections a kind lacks are None: an SFT config
 has no init, rollout, rl, critic, noise or target; only PPO has a critic.
 
+Checks. Each section checks its own values in `check(s, cfg)`: `s` is the section as a plain
+dict with every field (an absent one reads as its default), `cfg` the whole config, for the few
+checks that read another section (the target's metric against the evaluation's switches).
+They run on the plain values, before types are enforced, so a wrong value is named with what
+the field allows ("must be True or False"); `check(d)` runs every section's, in one order, and
+then the type check for the fields no check named. What needs the devices or the files of the
+run (the mesh, the model's weights, a task's files, the batch plan's sizes and the memory they
+take) is checked where it is built, in the resolve step (rlscale/resolve/); the names of an
+algorithm's registered parts (advantages, loss aggregations, KL estimators) by the algorithm.
+
 Defaults are today's (sections.py's). A field a builder takes as an argument gets the shipped
 configs' most common value, said in its comment. What a config written before a field existed
 ran with is the migration's (config/migrate.py, applied where a config enters, before
@@ -30,11 +40,15 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import os
+import re
 import types
 import typing
 from typing import Any, Literal
 
 from rlscale.config.errors import ConfigError
+from rlscale.config.fields import (EVAL_METRICS, FRACTIONS, REFERENCE_METRICS, boolean,
+                                   check_directory, has_weights, hf_folder, integer, number)
 
 MISSING = dataclasses.MISSING
 
@@ -69,6 +83,14 @@ class _Fields:
   def __contains__(self, name: object) -> bool:
     return name in self.keys()
 
+  @classmethod
+  def check(cls, s: dict, cfg: dict) -> list[str]:
+    """The errors of this section's values `s` (every field present: a field the config lacks
+    reads as its default) in the whole config `cfg`, each naming the field and its value.
+    Values may be of any type here: the schema's type check comes after, for the fields these
+    checks do not name."""
+    return []
+
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -89,6 +111,15 @@ class Model(_Fields):
   head_dim: int | None = f(None, "width of one attention head")
   mlp_dim: int | None = f(None, "hidden width of the SwiGLU MLP")
   rope_theta: float | None = f(None, "base of the rotary position embedding")
+
+  @classmethod
+  def check(cls, s, cfg):
+    dtypes = choices(cls, "dtype")
+    errors = [f"model.{f}={s[f]!r}: use {', '.join(dtypes[:-1])} or {dtypes[-1]}"
+              for f in ("dtype", "param_dtype") if s[f] not in dtypes]
+    if s["hf_checkpoint"]:
+      hf_folder(errors, "model.hf_checkpoint", s["hf_checkpoint"], tokenizer=True)
+    return errors
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -118,6 +149,24 @@ class Task(_Fields):
   demo_files: str = f("", "PPO-ptx demonstration files (tasks on text); empty: the task's "
                           "own demonstrations")
 
+  @classmethod
+  def check(cls, s, cfg):
+    """The task's own fields, before anything is built or read (a text task's files are read
+    when the run builds it, and checked there)."""
+    name = s["name"]
+    if name not in TASKS:
+      return [f"task.name={name!r} is not one of {tuple(TASKS)}"]
+    errors: list[str] = []
+    integer(errors, "task.num_eval", s["num_eval"])
+    integer(errors, "task.seed", s["seed"], minimum=0)
+    if not issubclass(TASKS[name], TextTask):  # an embedded task sizes its prompts itself
+      unread = [f"task.{f}={s[f]!r}" for f in ("max_prompt_len", "max_answer_len")
+                if f in s and s[f] != default(TextTask, f)]
+      if unread:
+        errors.append(f"{', '.join(unread)}: the {name} task sizes its prompts and answers "
+                      f"itself (from its digits and terms) and does not read it; leave it unset")
+    return errors
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ArithmeticTask(Task):
@@ -130,6 +179,22 @@ class ArithmeticTask(Task):
                                   "right")
   restate: float = f(0.0, "share of demonstrations that restate the equation (which the "
                           "verifier rejects)")
+
+  @classmethod
+  def check(cls, s, cfg):
+    errors = super().check(s, cfg)
+    integer(errors, "task.digits", s["digits"])
+    integer(errors, "task.mul_digits", s["mul_digits"])
+    boolean(errors, "task.partial_credit", s["partial_credit"])
+    ops = s["ops"]
+    if not errors and isinstance(ops, str) and ops and not set(ops) - set("+-*"):
+      n, m = 10 ** s["digits"], 10 ** s["mul_digits"]
+      space = sum({"+": n * n, "-": n * (n + 1) // 2, "*": n * m}[op] for op in set(ops))
+      if s["num_eval"] > space // 2:  # the held-out set and training draw from them
+        errors.append(f"task.num_eval={s['num_eval']} leaves too few training problems: "
+                      f"task.digits={s['digits']}, task.ops={ops!r} give {space} problems; "
+                      f"use at most {space // 2}")
+    return errors
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -163,6 +228,15 @@ class TextTask(Task):
                                     "demo_files)")
   demo_field: str = f("response", "the column of demo_files with a demonstration's response")
 
+  @classmethod
+  def check(cls, s, cfg):
+    errors = super().check(s, cfg)
+    if not cfg["model"]["hf_checkpoint"]:
+      errors.append(f"task.name={s['name']!r} needs a tokenizer: set model.hf_checkpoint")
+    for name in ("max_prompt_len", "max_answer_len"):
+      integer(errors, f"task.{name}", s[name])
+    return errors
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FilesTask(TextTask):
@@ -192,6 +266,12 @@ class ReasoningGymTask(TextTask):
   rg_dataset: str = f("basic_arithmetic", "the reasoning_gym generator's name")
   rg_size: int = f(100_000, "problems in the training stream before it repeats")
 
+  @classmethod
+  def check(cls, s, cfg):
+    errors = super().check(s, cfg)
+    integer(errors, "task.rg_size", s["rg_size"])
+    return errors
+
 
 TASKS = {"arithmetic": ArithmeticTask, "chain_sum": ChainSumTask, "files": FilesTask,
          "tfds_math": TfdsMathTask, "reasoning_gym": ReasoningGymTask}
@@ -219,6 +299,49 @@ class Rollout(_Fields):
                          "is there")
   oversample: float | str = f("auto", "prompts sent per informative group needed: 'auto' "
                                       "(from the filtered share) or a number >= 1")
+
+  @classmethod
+  def check(cls, s, cfg):
+    """The sampling temperature, the sampler's cut-offs, and the staleness bound: a step
+    trains on responses of the policy up to k updates back, so the ratio's denominator must be
+    the sampler's log-probs, which know the lag."""
+    errors: list[str] = []
+    number(errors, "rollout.temperature", s["temperature"], "> 0 for RL sampling",
+           lambda v: v > 0)
+    k = s["max_staleness"]
+    integer(errors, "rollout.max_staleness", k, minimum=0)
+    stale = isinstance(k, int) and not isinstance(k, bool) and k > 0
+    if stale and cfg["rl"].get("old_logprobs") == "recompute":
+      errors.append(f"rollout.max_staleness={k} with rl.old_logprobs='recompute': the "
+                    "recomputed log-probs are the trainer's, not the policy that sampled (up to "
+                    f"{k} update(s) older); use rl.old_logprobs='sampler'")
+    if stale and k > 1 and s["dynamic_sampling"] is True:
+      errors.append(f"rollout.max_staleness={k} with rollout.dynamic_sampling=True: a step's "
+                    "refill rounds decide where the next step's prompts start, so the sampler "
+                    "can run one step ahead at most; use rollout.max_staleness=1 (or 0)")
+    boolean(errors, "rollout.dynamic_sampling", s["dynamic_sampling"])
+    number(errors, "rollout.filter_min_std", s["filter_min_std"], ">= 0", lambda v: v >= 0)
+    integer(errors, "rollout.max_rounds", s["max_rounds"], minimum=1)
+    if s["oversample"] != "auto":
+      number(errors, "rollout.oversample", s["oversample"], "'auto' or a number >= 1",
+             lambda v: v >= 1)
+    return errors
+
+  @classmethod
+  def sampler_errors(cls, s) -> list[str]:
+    """The cut-offs the sampler reads (rlscale/sampling: SamplingParams holds them)."""
+    errors = []
+    new, top_k, top_p, chunk = (s["max_new_tokens"], s["top_k"], s["top_p"],
+                                s["decode_chunk"])
+    if _real(new) and new < 1:
+      errors.append(f"rollout.max_new_tokens={new} must be >= 1")
+    if _real(top_k) and top_k < 0:
+      errors.append(f"rollout.top_k={top_k} must be >= 0")
+    if _real(top_p) and not 0 < top_p <= 1:
+      errors.append(f"rollout.top_p={top_p} must be in (0, 1]")
+    if chunk != "auto" and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+      errors.append(f"rollout.decode_chunk={chunk!r} must be >= 1 or 'auto'")
+    return errors
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -257,6 +380,56 @@ class Rl(_Fields):
   prox_com: float = f(0.0, "ppo_ewma: the proximal policy's centre of mass in optimizer "
                            "steps; 0: none")
 
+  @classmethod
+  def check(cls, s, cfg):
+    """The shared policy loss's values (the names of registered losses, KL estimators and
+    advantages are the algorithm's to check: rlscale/rl/algorithm.py)."""
+    errors: list[str] = []
+    if s["old_logprobs"] not in choices(cls, "old_logprobs"):
+      errors.append(f"rl.old_logprobs={s['old_logprobs']!r}; known: "
+                    f"{', '.join(choices(cls, 'old_logprobs'))}")
+    low, high = s["clip_eps_low"], s["clip_eps_high"]
+    if _real(low) and _real(high) and (not 0 <= low < 1 or high < 0):
+      errors.append(f"rl.clip_eps_low={low}, rl.clip_eps_high={high}: need 0 <= low < 1 and "
+                    f"high >= 0")
+    errors += cls._ptx_errors(s)
+    errors += cls._correction_errors(s)
+    kl, entropy = s["kl_coef"], s["entropy_coef"]
+    if _real(kl) and _real(entropy) and (kl < 0 or entropy < 0):
+      errors.append(f"rl.kl_coef={kl}, rl.entropy_coef={entropy} must be >= 0")
+    return errors
+
+  @staticmethod
+  def _ptx_errors(s) -> list[str]:
+    coef, rows = s["ptx_coef"], s["ptx_rows"]
+    if isinstance(coef, bool) or not isinstance(coef, (int, float)) or coef < 0:
+      return [f"rl.ptx_coef={coef!r} must be a number >= 0 (0 turns PPO-ptx off)"]
+    if coef and (isinstance(rows, bool) or not isinstance(rows, int) or rows <= 0):
+      return [f"rl.ptx_rows={rows!r} must be a positive multiple of 1 (batch shards x "
+              f"processes) when rl.ptx_coef > 0"]
+    return []
+
+  @classmethod
+  def _correction_errors(cls, s) -> list[str]:
+    """A known correction, cap > 1 and threshold > 1 where they are used, and the behaviour's
+    log-probs from the sampler (the correction recomputes the trainer's)."""
+    mode = s["off_policy_correction"]
+    if mode not in choices(cls, "off_policy_correction"):
+      return [f"rl.off_policy_correction={mode!r}; known: "
+              f"{', '.join(choices(cls, 'off_policy_correction'))}"]
+    if mode == "none":
+      return []
+    out: list[str] = []
+    for name in ("is_cap",) + (("mis_threshold",) if mode == "mis" else ()):
+      number(out, f"rl.{name}", s[name],
+             f"a finite number > 1 (rl.off_policy_correction={mode!r})", lambda v: v > 1)
+    if s["old_logprobs"] != "sampler":
+      out.append(f"rl.off_policy_correction={mode!r} with rl.old_logprobs="
+                 f"{s['old_logprobs']!r}: the correction's denominator is the sampler's "
+                 "log-probs and it recomputes the trainer's itself; use "
+                 "rl.old_logprobs='sampler'")
+    return out
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GrpoRl(Rl):
@@ -271,6 +444,19 @@ class PpoRl(Rl):
   gamma: float = f(1.0, "discount of the token-level rewards")
   lam: float = f(0.95, "GAE lambda")
   whiten_advantages: bool = f(True, "normalize the advantages over the batch's valid tokens")
+
+  @classmethod
+  def check(cls, s, cfg):
+    errors = super().check(s, cfg)
+    for name in ("gamma", "lam"):
+      if _real(s[name]) and not 0 <= s[name] <= 1:
+        errors.append(f"rl.{name}={s[name]} must be in [0, 1]")
+    boolean(errors, "rl.whiten_advantages", s["whiten_advantages"])
+    if _real(s["dual_clip"]) and s["dual_clip"] and s["dual_clip"] <= 1:
+      errors.append(f"rl.dual_clip={s['dual_clip']} must be > 1 (or 0 to turn it off)")
+    if _real(s["prox_com"]) and s["prox_com"] < 0:
+      errors.append(f"rl.prox_com={s['prox_com']} must be >= 0")
+    return errors
 
 
 RL_TYPES = {"grpo": GrpoRl, "ppo": PpoRl, "ppo_ewma": PpoRl}
@@ -301,6 +487,32 @@ class Optim(_Fields):
   state_dtype: Literal["", "float32"] = f("", "dtype of Adam's moments; empty: the "
                                               "parameters'")
 
+  @classmethod
+  def check(cls, s, cfg, prefix: str = "optim"):
+    errors: list[str] = []
+    number(errors, f"{prefix}.lr", s["lr"], "a positive number", lambda v: v > 0)
+    for name in ("schedule", "lr_scaling", "lr_batch"):
+      if s[name] not in choices(cls, name):
+        errors.append(f"{prefix}.{name}={s[name]!r}; known: {', '.join(choices(cls, name))}")
+    ref = s["reference_batch"]
+    if ref is not None and (isinstance(ref, bool) or not isinstance(ref, (int, float))
+                            or ref <= 0):
+      errors.append(f"{prefix}.reference_batch={ref!r} must be a positive number of responses "
+                    f"(or None: the run's own batch)")
+    boolean(errors, f"{prefix}.adam_scaling", s["adam_scaling"])
+    for name, allowed, ok in (
+        ("warmup_responses", ">= 0", lambda v: v >= 0),
+        ("final_lr_frac", "in [0, 1] (a fraction of lr)", lambda v: 0 <= v <= 1),
+        ("weight_decay", ">= 0", lambda v: v >= 0),
+        ("grad_clip", ">= 0 (0 turns clipping off)", lambda v: v >= 0),
+        ("b1", "in [0, 1)", lambda v: 0 <= v < 1), ("b2", "in [0, 1)", lambda v: 0 <= v < 1),
+        ("eps", "> 0", lambda v: v > 0)):
+      number(errors, f"{prefix}.{name}", s[name], allowed, ok)
+    if s["state_dtype"] not in choices(cls, "state_dtype"):
+      errors.append(f"{prefix}.state_dtype={s['state_dtype']!r}; known: '' (the parameters' "
+                    f"dtype), 'float32'")
+    return errors
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Critic(_Fields):
@@ -317,6 +529,16 @@ class Critic(_Fields):
   optim: Optim = f(functools.partial(Optim, lr=3e-4, reference_batch=256),
                    "the critic's own optimizer")
 
+  @classmethod
+  def check(cls, s, cfg):
+    errors: list[str] = []
+    if _real(s["value_clip"]) and s["value_clip"] < 0:
+      errors.append(f"critic.value_clip={s['value_clip']} must be >= 0 (0 turns it off)")
+    integer(errors, "critic.warmup_steps", s["warmup_steps"], minimum=0)
+    if s["hf_checkpoint"]:
+      hf_folder(errors, "critic.hf_checkpoint", s["hf_checkpoint"], weights=True)
+    return errors
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Init(_Fields):
@@ -331,6 +553,45 @@ class Init(_Fields):
   branch_step: int = f(0, "step of branch_from's checkpoint to start from")
   branch_optimizer: Literal["fresh", "parent"] = f(
       "fresh", "a branch's Adam state: empty moments, or the parent's")
+
+  @classmethod
+  def check(cls, s, cfg):
+    """Folders an RL run reads (checkpoints) and writes (the base policy cache), and the
+    checkpoint a branch starts from; the SFT recipe itself is resolved as the run will
+    resolve it (rlscale/resolve/resolved.py)."""
+    errors: list[str] = []
+    model = cfg["model"]["hf_checkpoint"]
+    if s["hf_checkpoint"]:
+      hf_folder(errors, "init.hf_checkpoint", s["hf_checkpoint"], weights=True)
+    elif model:  # its own base: its weights are read too
+      if isinstance(model, str) and os.path.isdir(model) and not has_weights(model):
+        errors.append(f"model.hf_checkpoint={model!r} lacks *.safetensors: the run starts "
+                      f"from its weights (or set init.hf_checkpoint)")
+    else:
+      errors += check_directory(s["cache_dir"], "init.cache_dir")
+    integer(errors, "init.branch_step", s["branch_step"], minimum=0)
+    if s["branch_optimizer"] not in choices(cls, "branch_optimizer"):
+      errors.append(f"init.branch_optimizer={s['branch_optimizer']!r}; known: "
+                    f"{', '.join(choices(cls, 'branch_optimizer'))}")
+    return errors + cls._branch_errors(s)
+
+  @staticmethod
+  def _branch_errors(s) -> list[str]:
+    """init.branch_from names a run directory holding the checkpoint of init.branch_step."""
+    origin, step = s["branch_from"], s["branch_step"]
+    if not origin:
+      return []
+    if not isinstance(origin, str):
+      return [f"init.branch_from={origin!r} must name a run directory"]
+    folder = os.path.join(origin, "checkpoints")
+    if not os.path.isdir(folder):
+      return [f"init.branch_from={origin!r} has no checkpoints/ folder: name the run "
+              "directory of the run to branch from"]
+    steps = sorted(int(n) for n in os.listdir(folder) if n.isdigit())
+    if isinstance(step, int) and step not in steps:
+      return [f"init.branch_step={step!r}: {origin} keeps the checkpoints of steps "
+              f"{steps or 'none'} (train.keep_period keeps more)"]
+    return []
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -363,6 +624,37 @@ class Train(_Fields):
   compile_buckets: Literal["auto", "ahead", "on_use"] = f(
       "auto", "when packed buckets' updates compile: all at first, as met, or 'auto'")
 
+  @classmethod
+  def check(cls, s, cfg):
+    errors: list[str] = []
+    for name in ("eval_every", "checkpoint_every", "log_every", "eval_every_responses"):
+      integer(errors, f"train.{name}", s[name], minimum=0)
+    integer(errors, "train.keep_checkpoints", s["keep_checkpoints"],
+            why=" (at 0 orbax deletes every checkpoint it saves)")
+    integer(errors, "train.keep_period", s["keep_period"], minimum=0)
+    integer(errors, "train.peer_timeout_s", s["peer_timeout_s"],
+            why=" (whole seconds: jax.distributed's heartbeat timeout)")
+    for name in ("async_checkpoint", "tensorboard"):
+      boolean(errors, f"train.{name}", s[name])
+    if s["compile_buckets"] not in choices(cls, "compile_buckets"):
+      errors.append(f"train.compile_buckets={s['compile_buckets']!r} must be one of "
+                    f"{', '.join(map(repr, choices(cls, 'compile_buckets')))}")
+    number(errors, "train.peak_flops", s["peak_flops"], ">= 0 (0: known accelerators only)",
+           lambda v: v >= 0)
+    return errors
+
+  @classmethod
+  def memory_errors(cls, s) -> list[str]:
+    """train.remat and train.logprob_chunk: the training pass's memory (models/memory.py)."""
+    errors = []
+    if s["remat"] not in choices(cls, "remat"):
+      errors.append(f"train.remat={s['remat']!r}; known: {', '.join(choices(cls, 'remat'))}")
+    chunk = s["logprob_chunk"]
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+      errors.append(f"train.logprob_chunk={chunk!r} must be an integer >= 0 (vocabulary columns "
+                    f"per chunk; 0: the whole vocabulary at once)")
+    return errors
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Eval(_Fields):
@@ -376,6 +668,25 @@ class Eval(_Fields):
   adaptive_z: float = f(2.0, "standard errors from target.value that settle an adaptive "
                              "evaluation")
 
+  @classmethod
+  def check(cls, s, cfg):
+    errors: list[str] = []
+    integer(errors, "eval.generation_batch", s["generation_batch"],
+            why=" (held-out rows per compiled decode call)")
+    for name in ("sampled", "reference", "greedy"):
+      boolean(errors, f"eval.{name}", s[name])
+    if s["greedy"] is False and s["sampled"] is False and s["reference"] is not True:
+      errors.append("eval.greedy=False with eval.sampled=False: the held-out set would never "
+                    "be scored; keep one of them (or eval.reference=True)")
+    boolean(errors, "eval.adaptive", s["adaptive"])
+    number(errors, "eval.adaptive_z", s["adaptive_z"], "> 0 (standard errors)", lambda v: v > 0)
+    metric = cfg.get("target", {}).get("metric") if cfg["kind"] != "sft" else None
+    if s["adaptive"] is True and metric not in ("eval/accuracy_sampled", "eval/accuracy_greedy"):
+      errors.append(f"eval.adaptive=True with target.metric={metric!r}: an evaluation in "
+                    f"stages settles the target's side on an accuracy (eval/accuracy_sampled "
+                    f"or eval/accuracy_greedy)")
+    return errors
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Target(_Fields):
@@ -387,6 +698,32 @@ class Target(_Fields):
   stop_margin: float = f(0.0, "with stop: go on to (1 + stop_margin) x the responses to "
                               "target")
 
+  @classmethod
+  def check(cls, s, cfg):
+    """The target is read from an evaluation metric: one no evaluation reports is never met."""
+    errors: list[str] = []
+    ev = cfg["eval"]
+    on = {"sampled": ev["sampled"] is True, "greedy": ev["greedy"] is not False}
+    known = [m for m in EVAL_METRICS if on[m.rsplit("_", 1)[1]]]
+    known += list(REFERENCE_METRICS) if ev["reference"] is True else []
+    metric = s["metric"]
+    if metric not in known:
+      off = [k for k, v in on.items() if not v]
+      hint = (f" (eval.{off[0]}=False: no *_{off[0]} metric)" if off and metric in EVAL_METRICS
+              else "")
+      errors.append(f"target.metric={metric!r} is not an evaluation metric{hint}; known: "
+                    f"{', '.join(known)}")
+    name = metric.split("/")[-1] if isinstance(metric, str) else ""
+    if name.split("_")[0] in FRACTIONS or name in FRACTIONS:
+      number(errors, "target.value", s["value"], f"in [0, 1] ({metric} is a fraction)",
+             lambda v: 0 <= v <= 1)
+    else:
+      number(errors, "target.value", s["value"], "a finite number", lambda v: True)
+    boolean(errors, "target.stop", s["stop"])
+    number(errors, "target.stop_margin", s["stop_margin"], ">= 0 (a fraction of the responses "
+           "to target)", lambda v: v >= 0)
+    return errors
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Noise(_Fields):
@@ -395,6 +732,14 @@ class Noise(_Fields):
   decay: float = f(0.9, "EMA decay per RL step of the |G|^2 and tr(Sigma) estimates")
   prompt_level: bool = f(True, "on alternate steps, micro-batches of whole groups (B in "
                                "prompts)")
+
+  @classmethod
+  def check(cls, s, cfg):
+    errors: list[str] = []
+    boolean(errors, "noise.enabled", s["enabled"])
+    boolean(errors, "noise.prompt_level", s["prompt_level"])
+    number(errors, "noise.decay", s["decay"], "in (0, 1)", lambda v: 0 < v < 1)
+    return errors
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -460,6 +805,110 @@ def _kind_errors(kind: str, present: set[str]) -> list[str]:
            if n in present and n not in needs]
           + [f"{n}: missing (kind={kind!r} needs it)" for n in _OPTIONAL
              if n in needs and n not in present])
+
+
+# --- the checks of a whole config ---
+
+
+def choices(cls, name: str) -> tuple:
+  """The values a Literal field of `cls` takes, in the order its type lists them."""
+  hint = _hints(cls)[name]
+  return next(typing.get_args(a) for a in (typing.get_args(hint) if _is_union(hint) else (hint,))
+              if typing.get_origin(a) is Literal)
+
+
+def default(cls, name: str) -> Any:
+  """The default of field `name` of `cls` (a section's: its fields as a plain dict)."""
+  field = next(fl for fl in dataclasses.fields(cls) if fl.name == name)
+  value = field.default_factory() if field.default_factory is not MISSING else field.default
+  return to_dict(value) if isinstance(value, _Fields) else value
+
+
+def _real(value) -> bool:
+  """A number to compare (not a bool): the type check names any other value."""
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def with_defaults(cls, raw) -> dict:
+  """A section's plain dict with every field of `cls`: an absent field reads as its default."""
+  out = {fl.name: default(cls, fl.name) for fl in dataclasses.fields(cls)}
+  return {**out, **raw} if isinstance(raw, dict) else out
+
+
+@dataclasses.dataclass(frozen=True)
+class Checked:
+  """A config after every section's checks: the typed config (None when a value has the
+  wrong type or a section is missing), every error, and the fields the errors name."""
+  config: "Config | None"
+  errors: list[str]
+  named: frozenset[str]
+
+
+def _named(errors: list[str]) -> frozenset[str]:
+  return frozenset(re.split(r"[=:, ]", e.strip(), maxsplit=1)[0] for e in errors)
+
+
+def structure(d: dict) -> str:
+  """The config's kind, once it has one and the sections that kind needs (a ConfigError
+  naming what is missing, alone, otherwise)."""
+  kind = d.get("kind")
+  if not isinstance(kind, str):
+    raise ConfigError(f"invalid config:\n  kind={kind!r} must name sft or an algorithm")
+  need = (("model", "mesh", "task", "sft", "optim", "train", "eval") if kind == "sft" else
+          ("model", "mesh", "task", "init", "rollout", "rl", "optim", "noise", "target", "train",
+           "eval"))
+  missing = [n for n in need if n not in d]
+  if missing:
+    raise ConfigError(f"invalid config:\n  kind={kind!r} needs the section(s) "
+                      f"{', '.join(missing)}, which this config lacks")
+  return kind
+
+
+def check(d: dict, owners: list[str] | tuple = ()) -> Checked:
+  """Every section's checks of `d` (a config's nested plain dict, of this code's schema
+  version), each section checking its own values (its `check`) with the whole config at
+  hand, then the types of the fields no other check named. `owners` are the errors the
+  algorithm found in its own part (the names of registered losses and advantages,
+  rlscale/rl/algorithm.py), listed after the rl section's. A missing kind or section is a
+  ConfigError alone."""
+  kind = structure(d)
+  rl_type = RL_TYPES.get(kind, Rl)
+  task_type = TASKS.get(d["task"].get("name") if isinstance(d["task"], dict) else None, Task)
+  view = {"kind": kind, "seed": d.get("seed", 0)}
+  for name in _names(Config)[2:]:
+    if name in d:
+      cls = {"task": task_type, "rl": rl_type}.get(name) or _section_type(name)
+      view[name] = with_defaults(cls, d[name])
+  if "critic" in view:
+    view["critic"]["optim"] = with_defaults(Optim, view["critic"]["optim"])
+  errors = Model.check(view["model"], view) + Train.check(view["train"], view)
+  integer(errors, "seed", view["seed"], minimum=0)
+  errors += Eval.check(view["eval"], view)
+  if kind != "sft":
+    errors += Rollout.check(view["rollout"], view) + Noise.check(view["noise"], view)
+    errors += Target.check(view["target"], view) + Init.check(view["init"], view)
+    errors += rl_type.check(view["rl"], view)
+  errors += list(owners)
+  if "critic" in view:
+    errors += Critic.check(view["critic"], view)
+  errors += Optim.check(view["optim"], view)
+  if "critic" in view:
+    errors += Optim.check(view["critic"]["optim"], view, "critic.optim")
+  if kind != "sft":
+    errors += Rollout.sampler_errors(view["rollout"])
+  errors += task_type.check(view["task"], view) + Train.memory_errors(view["train"])
+  try:
+    typed = from_dict(d)
+  except ConfigError as e:  # a type no check above named (their messages say more)
+    typed, text = None, " ".join(errors)
+    errors += [line.strip() for line in str(e).splitlines()[1:]
+               if re.split(r"[=:]", line.strip(), maxsplit=1)[0] not in text]
+  return Checked(typed, errors, _named(errors))
+
+
+def _section_type(name: str):
+  hint = _hints(Config)[name]
+  return next(a for a in typing.get_args(hint) or (hint,) if a is not type(None))
 
 
 # --- from_dict ---

@@ -22,8 +22,6 @@ over chunks whose body is rematerialized, so that neither pass holds more than o
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,19 +36,6 @@ REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-
-
-def check(train: Mapping[str, Any]) -> list[str]:
-  """Errors of `train.remat` and `train.logprob_chunk`, each naming the field."""
-  errors = []
-  remat = train["remat"]
-  if not isinstance(remat, str) or remat not in REMAT_POLICIES:
-    errors.append(f"train.remat={remat!r}; known: {', '.join(REMAT_POLICIES)}")
-  chunk = train["logprob_chunk"]
-  if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
-    errors.append(f"train.logprob_chunk={chunk!r} must be an integer >= 0 (vocabulary columns "
-                  f"per chunk; 0: the whole vocabulary at once)")
-  return errors
 
 
 def remat_policy(name: str):

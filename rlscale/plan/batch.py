@@ -377,8 +377,6 @@ def _plan(cfg, shards, processes, seq_len, kv_bytes_per_row, gen_shards, memory)
     errors.append(f"{'sft.batch_size' if kind == 'sft' else 'rl.num_prompts'}={p} must split "
                   f"over {processes} processes")
   steps = _steps(errors, cfg["train"], rows)
-  from rlscale.models import memory as train_memory  # train.remat, train.logprob_chunk
-  errors += train_memory.check(cfg["train"])
   if memory is not None and not errors:
     errors += _fit_errors(kind, memory, models, rows, shards, seq_len, gen,
                           (gen_shards or shards) * processes, kv_bytes_per_row,
@@ -443,10 +441,10 @@ def _generation_batch(errors, value, rows: int, unit: int, kv_bytes_per_row: int
   return min(value, rows)
 
 
-def plan_for(cfg, env, errors: list[str] | None = None) -> BatchPlan | None:
-  """The plan of a run (its config, defaults filled) on its mesh, with the task's sequence
-  length, the model's KV cache and the training pass's memory (`train_memory_of`) sizing the
-  automatic choices.
+def plan_for(cfg, env, errors: list[str] | None = None, memory: bool = True) -> BatchPlan | None:
+  """The plan of a run (its config, checked) on its mesh, with the task's sequence length,
+  the model's KV cache and the training pass's memory (`train_memory_of`; not with `memory`
+  False: train.remat or train.logprob_chunk is bad) sizing the automatic choices.
 
   With `errors` (the resolve step's list, where a part of `env` that could not be built is
   None), the plan's errors are appended and None returned; without, they raise ConfigError.
@@ -463,8 +461,8 @@ def plan_for(cfg, env, errors: list[str] | None = None) -> BatchPlan | None:
       itemsize = 2 if cfg.model.dtype in ("bfloat16", "float16") else 4
       kv_bytes = 2 * m.num_layers * m.num_kv_heads * m.head_dim * seq_len * itemsize
     seq_len = seq_len or env.task.max_prompt_len + env.task.max_answer_len
-    if built:
-      mem = train_memory_of(cfg, m, seq_len, env.mesh)  # None while train's fields are bad
+    if built and memory:
+      mem = train_memory_of(cfg, m, seq_len, env.mesh)
   try:
     return _plan(cfg, shards, jax.process_count(), seq_len, kv_bytes, gen_shards, mem)
   except ConfigError as e:
@@ -512,9 +510,8 @@ def device_memory() -> tuple[int, str]:
           f"{n} devices x {MEMORY_FRACTION}")
 
 
-def train_memory_of(cfg, model_cfg, seq_len: int, mesh) -> TrainMemory | None:
-  """The memory bound of the run's training passes (models/memory.py has the estimate); None
-  while train.remat or train.logprob_chunk is bad (the plan names it).
+def train_memory_of(cfg, model_cfg, seq_len: int, mesh) -> TrainMemory:
+  """The memory bound of the run's training passes (models/memory.py has the estimate).
 
   Resident per device: every trained model's state (models/memory.state_bytes) plus a frozen
   copy of the policy for a KL reference (rl.kl_coef) or a proximal policy (rl.prox_com),
@@ -522,10 +519,7 @@ def train_memory_of(cfg, model_cfg, seq_len: int, mesh) -> TrainMemory | None:
   MEMORY_FRACTION less that; each model's passes take it in turn.
   """
   from rlscale.models import memory
-  train = cfg.train
-  if memory.check(train):
-    return None
-  remat, chunk = train.remat, train.logprob_chunk
+  remat, chunk = cfg.train.remat, cfg.train.logprob_chunk
   pd = cfg.model.param_dtype
   policy = model_cfg.num_params()
   resident = memory.state_bytes(policy, pd, cfg.optim.state_dtype)

@@ -112,10 +112,11 @@ def _weight_errors(cfg, model_cfg: models.ModelConfig, errors: list[str]) -> lis
 
 
 def _task(cfg, model_cfg, errors: list[str]) -> tasks.Task | None:
-  bad = tasks.field_errors(cfg.task, cfg.model.hf_checkpoint)
-  errors += bad
   text = cfg.task.name not in tasks.EMBEDDED
-  if bad or (text and errors):
+  if cfg.task.name == "files":  # its paths and columns, on disk (the schema checked the rest)
+    from rlscale.tasks import files
+    errors += files.check(cfg.task)
+  if any(e.startswith("task.") for e in errors) or (text and errors):
     return None
   try:
     task = tasks.make(cfg.task, HFTokenizer(cfg.model.hf_checkpoint) if text else None)

@@ -1,10 +1,11 @@
 """The one resolve step: a config becomes a checked, frozen description of a run.
 
 `resolve` takes a config of this code's schema version (config/migrate.py: a config file and a
-run's config.json are migrated where they are read, once), checks the plain fields
-(config/fields.py) and the algorithm's, optimizers' and sampler's (resolve/owner_checks.py),
-builds the meshes, model config and task, each checking its own fields as it is built
-(resolve/experiment.py), plans the batch once (plan/batch.py) and, for an RL run that starts
+run's config.json are migrated where they are read, once), has every section check its own
+values and the schema the types (config/schema.check; the algorithm checks the names of its
+registered parts, rl/algorithm.check), builds the meshes, model config and task from the
+devices and files, each refusing what they cannot build (resolve/experiment.py), plans the
+batch once against the mesh and the device memory (plan/batch.py) and, for an RL run that starts
 from an SFT base, resolves that SFT recipe on the same meshes, model and task -- every error in
 one ConfigError naming each bad field, and all of it before any compilation. Trainers take the
 result, never a bare config. The base policy is found or built (run/base_policy.py) from
@@ -15,14 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 
 import ml_collections
 
 from rlscale.config import fields, migrate, schema
 from rlscale.config.errors import ConfigError
 from rlscale.plan import batch
-from rlscale.resolve import experiment, owner_checks
+from rlscale.resolve import experiment
+from rlscale.rl import algorithm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,14 +75,19 @@ def resolve(cfg: ml_collections.ConfigDict, workdir: str | None, config_file: st
                       f"it lacks {', '.join(lacking)}; read config files with "
                       "rlscale.config.files.load and config.json with config/migrate.migrate, "
                       "which set what older configs ran with")
-  fields.sections(cfg)  # a missing kind or section is reported alone
-  errors = fields.check(cfg, workdir, allow_config_change) + owner_checks.errors(cfg)
-  typed = _typed(cfg, errors)
-  checked = len(errors)  # the fields' own errors; what follows depends on the devices too
+  errors = fields.check_directory(workdir) if workdir is not None else []
+  errors += _allowed(cfg, allow_config_change)
+  d = cfg.to_dict()
+  owners = [] if schema.structure(d) == "sft" else algorithm.check(cfg)
+  checked = schema.check(d, owners)
+  errors += checked.errors
+  typed = checked.config
+  checked_count = len(errors)  # the fields' own errors; what follows depends on the devices too
   env = setup or experiment.setup(cfg, errors)
-  plan = batch.plan_for(cfg, env, errors)
+  plan = batch.plan_for(cfg, env, errors, memory=not {"train.remat", "train.logprob_chunk"}
+                        & checked.named)
   recipe = _recipe(cfg, config_file, env, errors)
-  if errors and not checked and workdir is not None:
+  if errors and not checked_count and workdir is not None:
     _refuse_another_layout(workdir, cfg, env, errors)
   if errors:
     raise ConfigError("invalid config:\n  " + "\n  ".join(e.strip() for e in errors))
@@ -91,18 +97,17 @@ def resolve(cfg: ml_collections.ConfigDict, workdir: str | None, config_file: st
   return Resolved(frozen, workdir, config_file, env, plan, recipe=recipe, typed=typed)
 
 
-def _typed(cfg, errors: list[str]) -> schema.Config | None:
-  """`cfg` as typed sections; the schema's problems join `errors`, but for a field another
-  check already named (its message says more: the value's range, the fix)."""
-  try:
-    return schema.from_dict(cfg.to_dict())
-  except ConfigError as e:
-    named = " ".join(errors)
-    for line in str(e).splitlines()[1:]:
-      field = re.split(r"[=:]", line.strip(), maxsplit=1)[0]
-      if field not in named:
-        errors.append(line.strip())
-    return None
+def _allowed(cfg, allow: tuple[str, ...]) -> list[str]:
+  """A field --allow_config_change names that the config lacks would be ignored: an error."""
+  import difflib
+  paths = list(migrate.flat(cfg.to_dict()))
+  errors = []
+  for name in allow:
+    if name not in paths:
+      close = difflib.get_close_matches(name, paths, n=1)
+      errors.append(f"--allow_config_change={name!r} is not a field of the config"
+                    + (f"; did you mean {close[0]}?" if close else ""))
+  return errors
 
 
 def _refuse_another_layout(workdir: str, cfg, env: experiment.Setup,

@@ -186,23 +186,9 @@ def registry_errors(field: str, value: str, registry: Registry) -> list[str]:
 
 
 def policy_loss_errors(rl) -> list[str]:
-  """Errors of the loss fields every algorithm's policy shares (config_common.rl)."""
+  """The names of the registered parts of the policy loss every algorithm shares: its
+  aggregation and KL estimator (the section's values are the schema's to check:
+  rlscale/config/schema.Rl)."""
   from rlscale.rl.losses import AGGREGATIONS, KL_ESTIMATORS
-  errors = registry_errors("rl.loss_aggregation", rl.loss_aggregation, AGGREGATIONS)
-  errors += registry_errors("rl.kl_estimator", rl.kl_estimator, KL_ESTIMATORS)
-  if rl.old_logprobs not in ("sampler", "recompute"):
-    errors.append(f"rl.old_logprobs={rl.old_logprobs!r}; known: sampler, recompute")
-  if not 0 <= rl.clip_eps_low < 1 or rl.clip_eps_high < 0:
-    errors.append(f"rl.clip_eps_low={rl.clip_eps_low}, rl.clip_eps_high={rl.clip_eps_high}: "
-                  f"need 0 <= low < 1 and high >= 0")
-  errors += ptx_errors(rl)
-  from rlscale.rl import off_policy
-  errors += off_policy.errors(rl)
-  if rl.kl_coef < 0 or rl.entropy_coef < 0:
-    errors.append(f"rl.kl_coef={rl.kl_coef}, rl.entropy_coef={rl.entropy_coef} must be >= 0")
-  return errors
-
-
-def ptx_errors(rl) -> list[str]:
-  from rlscale.rl.ptx import check
-  return check(rl, 1)
+  return (registry_errors("rl.loss_aggregation", rl.loss_aggregation, AGGREGATIONS)
+          + registry_errors("rl.kl_estimator", rl.kl_estimator, KL_ESTIMATORS))

@@ -70,26 +70,6 @@ def weights(mode: str, old_logp, behav_logp, mask, cap: float, threshold: float,
   return w, metrics
 
 
-def errors(rl) -> list[str]:
-  """The correction's fields: a known mode, cap > 1 and threshold > 1 where they are used, and
-  the behaviour's log-probs from the sampler (the correction recomputes the trainer's)."""
-  mode = rl.get("off_policy_correction", "none")
-  if mode not in CORRECTIONS:
-    return [f"rl.off_policy_correction={mode!r}; known: {', '.join(CORRECTIONS)}"]
-  if mode == "none":
-    return []
-  from rlscale.config.fields import number
-  out = []
-  for field in ("is_cap",) + (("mis_threshold",) if mode == "mis" else ()):
-    number(out, f"rl.{field}", rl.get(field),
-           f"a finite number > 1 (rl.off_policy_correction={mode!r})", lambda v: v > 1)
-  if rl.old_logprobs != "sampler":
-    out.append(f"rl.off_policy_correction={mode!r} with rl.old_logprobs={rl.old_logprobs!r}: "
-               "the correction's denominator is the sampler's log-probs and it recomputes "
-               "the trainer's itself; use rl.old_logprobs='sampler'")
-  return out
-
-
 class Correction:
   """A step's correction: `apply(batch, old_logp, behav_logp)` puts the clip anchor and the
   weights in the batch's extras and returns the metrics (on the device)."""

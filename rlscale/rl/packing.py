@@ -20,7 +20,6 @@ eight compiled updates per model, whatever the lengths (`Update.traces` says how
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp

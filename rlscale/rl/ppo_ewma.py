@@ -18,7 +18,8 @@ class PPOEWMA(PPO):
   @staticmethod
   def check(cfg) -> list[str]:
     errors = PPO.check(cfg)
-    if "prox_com" in cfg.rl and cfg.rl.prox_com <= 0:
+    prox = cfg.rl.get("prox_com")
+    if isinstance(prox, (int, float)) and prox <= 0:
       errors.append(f"rl.prox_com={cfg.rl.prox_com}: ppo_ewma needs the proximal policy's "
                     f"centre of mass (> 0, in optimizer steps at optim.reference_batch)")
     return errors

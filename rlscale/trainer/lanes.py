@@ -19,7 +19,6 @@ lane has intact.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import time
 from typing import Any

@@ -97,7 +97,8 @@ def test_a_bad_correction_is_named(field, value, message):
   rl = ml_collections.ConfigDict({"off_policy_correction": "mis", "is_cap": 2.0,
                                   "mis_threshold": 2.0, "old_logprobs": "sampler"})
   rl[field] = value
-  errors = off_policy.errors(rl)
+  from rlscale.config import schema
+  errors = schema.Rl._correction_errors(schema.with_defaults(schema.Rl, rl.to_dict()))
   assert any(message in e for e in errors), errors
 
 

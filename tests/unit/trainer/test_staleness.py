@@ -214,14 +214,14 @@ def test_each_correction_runs_stale_and_records_what_it_did(tmp_path, tiny_sft_b
      "rollout.max_staleness=2 with rollout.dynamic_sampling=True"),
 ])
 def test_a_bad_staleness_is_one_line_naming_the_field(changes, message):
-  from rlscale.config import fields
   from rlscale.config import files as config_files
+  from rlscale.config import schema
   cfg = config_files.load(os.path.join(REPO, "configs", "grpo.py:tiny"))
   with cfg.unlocked():
     for k, v in changes.items():
       section, field = k.split(".")
       cfg[section][field] = v
-  errors = fields.check(cfg)
+  errors = schema.check(cfg.to_dict()).errors
   assert any(message in e for e in errors), errors
 
 
