@@ -74,7 +74,7 @@ def run(workdir: str) -> dict:
   build_s = time.time() - t0
   phases, seen = rl_step.instrument(trainer, skip=0)
   trainer.finish(*Loop(trainer, run.cfg, workdir, trainer.plan.num_steps,
-                       eval_at_start=True).run())
+                       eval_at_start=True, written=run.raw).run())
   memory = rl_step.phase_memory(trainer, phases, seen)
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f]

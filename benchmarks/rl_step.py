@@ -359,7 +359,8 @@ def main(argv):
     if FLAGS.length_mean > 0:
       end_responses(trainer, response_lengths)
     phases = instrument(trainer) if FLAGS.phase_memory else None
-    Loop(trainer, cfg, run_dir, cfg.train.num_steps, eval_at_start=False).run()
+    Loop(trainer, cfg, run_dir, cfg.train.num_steps, eval_at_start=False,
+         written=trainer.run.raw).run()
     memory = phase_memory(trainer, *phases) if phases else None
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
       rows = [json.loads(line) for line in f][2:-1]  # no compilation, no final eval and save

@@ -28,10 +28,15 @@ from rlscale.rl import algorithm
 
 @dataclasses.dataclass(frozen=True)
 class Resolved:
-  """A run as it will execute: its frozen config, its setup (meshes, rules, task, model config),
+  """A run as it will execute: its typed config, its setup (meshes, rules, task, model config),
   its batch plan, its directory and, for RL, the folder of the policy it starts from and the
-  SFT run that builds that policy when none is given."""
-  cfg: ml_collections.FrozenConfigDict
+  SFT run that builds that policy when none is given.
+
+  `cfg` is the config as typed sections (config/schema.py): the library reads its fields, so a
+  misspelt field fails when checked, not when reached. `raw` is the same config as the
+  ml_collections edge wrote it: what config.json records and the config hash reads."""
+  cfg: schema.Config
+  raw: ml_collections.FrozenConfigDict
   workdir: str | None  # None: planned only (no directory checked or written)
   config_file: str | None
   setup: experiment.Setup
@@ -41,9 +46,6 @@ class Resolved:
   # when a Hugging Face folder is the base, or when a relative init.sft_config was not found
   # without the config file it may sit beside (run/base_policy.py then says so).
   recipe: "Resolved | None" = None
-  # The same config as typed sections (config/schema.py): every field with its type, so that a
-  # reader of a misspelt field fails when checked, not when reached.
-  typed: schema.Config | None = None
 
   @property
   def kind(self) -> str:
@@ -53,8 +55,8 @@ class Resolved:
     return dataclasses.replace(self, base=folder)
 
   def config(self) -> ml_collections.ConfigDict:
-    """An unfrozen copy of the config (to derive another config from it)."""
-    return self.cfg.as_configdict()
+    """An unfrozen copy of the config as written (to derive another config from it)."""
+    return self.raw.as_configdict()
 
 
 def resolve(cfg: ml_collections.ConfigDict, workdir: str | None, config_file: str | None = None,
@@ -94,7 +96,7 @@ def resolve(cfg: ml_collections.ConfigDict, workdir: str | None, config_file: st
   frozen = ml_collections.FrozenConfigDict(cfg)
   if workdir is not None:
     experiment.check_resume(workdir, frozen, allow_config_change)
-  return Resolved(frozen, workdir, config_file, env, plan, recipe=recipe, typed=typed)
+  return Resolved(typed, frozen, workdir, config_file, env, plan, recipe=recipe)
 
 
 def _allowed(cfg, allow: tuple[str, ...]) -> list[str]:

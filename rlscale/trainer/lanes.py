@@ -538,7 +538,7 @@ def _handed(members: list[int], keep: list[int], ended: list[dict | None],
 def _build(runs: list[resolved.Resolved]) -> tuple[LaneRuns, list[Loop]]:
   shared = LaneRuns(runs)
   shared.loops = [Loop(shared.view(k), r.cfg, r.workdir, shared.plan.num_steps,
-                       eval_at_start=True) for k, r in enumerate(runs)]
+                       eval_at_start=True, written=r.raw) for k, r in enumerate(runs)]
   return shared, shared.loops
 
 

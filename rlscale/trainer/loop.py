@@ -123,10 +123,12 @@ def non_finite_leaves(state) -> list[str]:
 
 
 class Loop:
-  def __init__(self, trainer: Trainer, cfg: ml_collections.ConfigDict, workdir: str,
-               num_steps: int,
-               eval_at_start: bool):
+  def __init__(self, trainer: Trainer, cfg, workdir: str, num_steps: int, eval_at_start: bool,
+               written: ml_collections.ConfigDict | None = None):
+    """`cfg`: the run's typed config (Resolved.cfg; a ConfigDict reads the same); `written`:
+    the config as config.json records it (Resolved.raw), `cfg` when None."""
     self.trainer, self.cfg, self.workdir = trainer, cfg, workdir
+    self.written = cfg if written is None else written
     self.steps, self.eval_at_start = num_steps, eval_at_start
     t = cfg.train
     self.ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), t.keep_checkpoints,
@@ -282,7 +284,7 @@ class Loop:
     # Only once the checkpoint restored into this config's arrays: a resume that fails (a
     # model of another shape allowed by --allow_config_change) leaves config.json and the
     # config history as they were, and the original command still resumes.
-    experiment.prepare_workdir(self.workdir, self.cfg)
+    experiment.prepare_workdir(self.workdir, self.written)
     self.writer = MetricsWriter(self.workdir, resume_step=start or None,  # None: a new file
                                 tensorboard=self.cfg.train.tensorboard,
                                 restore=self.metrics_rows)

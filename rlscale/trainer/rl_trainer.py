@@ -73,7 +73,7 @@ class RLTrainer:
       raise ValueError("RLTrainer needs the base policy's folder: Resolved.with_base(...) "
                        "with run/base_policy.find_or_build's")
     cfg, base = run.cfg, run.base
-    self.cfg, self.workdir = cfg, run.workdir
+    self.run, self.cfg, self.workdir = run, cfg, run.workdir
     self.env = env = run.setup
     policy, self.model_cfg = hf.load_policy(base, env.mesh, env.rules, dtype=cfg.model.dtype,
                                             param_dtype=cfg.model.param_dtype)
@@ -482,5 +482,6 @@ class RLTrainer:
 def run(run: resolved.Resolved) -> dict:
   """Train from `run.base` (found or built before: rlscale/run/base_policy.py)."""
   trainer = RLTrainer(run)
-  loop = Loop(trainer, run.cfg, run.workdir, trainer.plan.num_steps, eval_at_start=True)
+  loop = Loop(trainer, run.cfg, run.workdir, trainer.plan.num_steps, eval_at_start=True,
+              written=run.raw)
   return trainer.finish(*loop.run())

@@ -53,7 +53,7 @@ class SFTTrainer:
   def __init__(self, run: resolved.Resolved):
     """`run`: the resolved config, its setup (mesh, rules, task) and batch plan."""
     cfg = run.cfg
-    self.cfg, self.workdir = cfg, run.workdir
+    self.run, self.cfg, self.workdir = run, cfg, run.workdir
     self.env = env = run.setup
     self.plan = run.plan
     logging.info("batch plan: %s", self.plan.summary_line())
@@ -138,5 +138,6 @@ class SFTTrainer:
 
 def run(run: resolved.Resolved) -> dict:
   trainer = SFTTrainer(run)
-  loop = Loop(trainer, run.cfg, run.workdir, trainer.plan.num_steps, eval_at_start=False)
+  loop = Loop(trainer, run.cfg, run.workdir, trainer.plan.num_steps, eval_at_start=False,
+              written=run.raw)
   return trainer.finish(*loop.run())

@@ -90,7 +90,7 @@ def test_a_misspelt_or_mistyped_field_is_refused_at_resolve_with_the_name_it_mea
   resolved run carries the typed config."""
   cfg = config_files.load("configs/grpo.py:tiny")
   run = resolved.resolve(cfg, None)
-  assert run.typed.rollout.max_staleness == 0 and run.typed.rl.group_size == cfg.rl.group_size
+  assert run.cfg.rollout.max_staleness == 0 and run.cfg.rl.group_size == cfg.rl.group_size
   with cfg.unlocked():  # as a config.json or a hand-built dict can hold them
     cfg.rollout.max_stalness = 1
     del cfg.noise["prompt_level"]
