@@ -160,7 +160,7 @@ def trained_model(ctx: Context, name: str, forward, loss, params, optim_cfg,
                  ptx_coef=coef, demos=demonstrations(ctx) if coef else None,
                  count_rows=bool(cfg.rollout.dynamic_sampling), lanes=ctx.lanes,
                  lane_setup=setup, compile_ahead=packing.compile_ahead(
-                     cfg.train.get("compile_buckets", "auto"), ctx.plan.num_steps))
+                     cfg.train.compile_buckets, ctx.plan.num_steps))
 
 
 def demonstrations(ctx: Context):

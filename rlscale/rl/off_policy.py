@@ -76,9 +76,9 @@ class Correction:
 
   def __init__(self, rl, jit):
     """`jit(fn, lane_args)`: the algorithm's compile (algorithm.Context.jit)."""
-    self.mode = rl.get("off_policy_correction", "none")
+    self.mode = rl.off_policy_correction
     if self.on:
-      cap, threshold = float(rl.is_cap), float(rl.get("mis_threshold", 2.0))
+      cap, threshold = float(rl.is_cap), float(rl.mis_threshold)
       self._weights = jit(lambda old, behav, mask, rows: weights(
           self.mode, old, behav, mask, cap, threshold, rows), (True, True, True, True))
 

@@ -163,8 +163,8 @@ class Loop:
     eval.adaptive); in stages until the target metric's side of the target is settled,
     before the run reached its target; the first stage alone after it (the study reads the
     first crossing: no later evaluation moves it)."""
-    e = self.cfg.get("eval")
-    if not self.target or not e or not e.get("adaptive"):
+    e = self.cfg.eval
+    if not self.target or not e.adaptive:
       return None
     from rlscale.trainer.evaluation import Stop
     return Stop(self.target.metric, float(self.target.value), float(e.adaptive_z),
@@ -195,7 +195,7 @@ class Loop:
       step, state, meta = self.ckpt.restore_latest(self.trainer.state(), at_most)
     except CheckpointMismatch as e:  # a user's change (--allow_config_change), in one line
       if "in_flight" in str(e):  # the decodes in flight a stale run's checkpoint keeps
-        k = (self.cfg.get("rollout") or {}).get("max_staleness", 0)
+        k = self.cfg.rollout.max_staleness if "rollout" in self.cfg else 0
         raise ConfigError(
             f"{e}: the checkpoint keeps another number of decodes in flight than "
             f"rollout.max_staleness={k} does (one saved at another k, or before a stale run's "

@@ -82,7 +82,7 @@ class RLTrainer:
     logging.info("batch plan: %s", self.plan.summary_line())
     self.algo = algorithm.build(algorithm.Context(cfg, self.plan, env, self.graphdef, params, base))
     self.actor = self.algo.models["actor"]
-    self._compile_buckets(cfg.train.get("compile_buckets", "auto"))
+    self._compile_buckets(cfg.train.compile_buckets)
     self.samples_per_step = self.plan.responses  # without dynamic sampling: every step's
     # responses_seen counts the responses generated (the sample cost), responses_trained those
     # the update trained on; they differ under dynamic sampling (rlscale/trainer/refill.py).

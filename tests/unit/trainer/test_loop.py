@@ -100,6 +100,7 @@ def _cfg(target=None, stop=False, margin=0.0, **train):
   c.train.update(eval_every=0, checkpoint_every=0, tensorboard=False, log_every=1,
                  async_checkpoint=False)
   c.train.update(train)
+  c.eval = common.evaluation()
   if target is not None:
     c.target = common.target("eval/acc", target)
     c.target.stop, c.target.stop_margin = stop, margin
