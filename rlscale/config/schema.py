@@ -3,9 +3,9 @@ defaulted and documented in one line.
 
 ml_collections stays at the edge, where a config is written or edited: a config file's
 get_config (rlscale/config/sections.py builds its sections), the command line's
---config.x=y overrides and a run directory's config.json. Where a config enters the library
-it is converted once, `from_dict(cfg.to_dict())`, and the library then reads typed fields
-(`cfg.rl.group_size`), never a field that may be absent. `from_dict` names every problem of a
+--config.x=y overrides and a run directory's config.json. The resolve step converts a config
+once (`check`, rlscale/resolve/resolved.py), and the library then reads typed fields
+(`run.cfg.rl.group_size`), never a field that may be absent. `from_dict` names every problem of a
 config at once (an unknown or misspelt field, a value of the wrong type, a missing section);
 `to_dict` is its inverse (config.json, config hashes); `describe` lists every field for the
 generated documentation.
@@ -28,11 +28,13 @@ run (the mesh, the model's weights, a task's files, the batch plan's sizes and t
 take) is checked where it is built, in the resolve step (rlscale/resolve/); the names of an
 algorithm's registered parts (advantages, loss aggregations, KL estimators) by the algorithm.
 
-Defaults are today's (sections.py's). A field a builder takes as an argument gets the shipped
-configs' most common value, said in its comment. What a config written before a field existed
-ran with is the migration's (config/migrate.py, applied where a config enters, before
-`from_dict`), never the schema's. Each section also answers dict-style reads (`get`, `[]`, `in`, `keys`) so that
-code that handles plain dicts as well keeps working; none of them writes.
+Defaults live here alone: rlscale/config/sections.py builds a config file's ConfigDicts from
+them. A field a builder takes as an argument gets the shipped configs' most common value, said
+in its comment. What a config written before a field existed ran with is the migration's
+(config/migrate.py, applied where a config enters, before `check`), never the schema's.
+
+Each section also answers dict-style reads (`get`, `[]`, `in`, `keys`), for code that handles
+plain dicts as well (the batch plan reads a run's config.json too); none of them writes.
 """
 
 from __future__ import annotations

@@ -214,9 +214,10 @@ def test_the_migration_sets_fields_of_the_schema_and_these_differ_from_today():
     ("target", schema.Target, sections.target("eval/accuracy_greedy", 0.6)),
     ("noise", schema.Noise, sections.noise_scale())])
 def test_defaults_are_the_builders(key, cls, built):
-  """Each section's defaults are what sections.py builds, with the builder's arguments at the
-  schema's choice and the fields it leaves out as the filler sets them (rl.dual_clip and
-  rl.prox_com of GRPO, chain_sum's task.demo_files); a task type holds its own fields only."""
+  """sections.py builds each section from the schema's defaults (its arguments at the schema's
+  choice): the ConfigDict holds every field at its default value and type, None and 'auto'
+  fields as references a --config.x=y override can set; a task type holds its own fields
+  only (the shared task section holds the fields of every task but chain_sum)."""
   built = fill(ml_collections.ConfigDict({key: built}))[key].to_dict()
   mine = schema.to_dict(cls())
   if key == "task":
@@ -288,3 +289,24 @@ def test_the_config_reference_page_is_the_schemas():
   with open(os.path.join(REPO, "docs", "config.md")) as f:
     assert f.read() == schema.markdown()
   assert "| `rollout.max_staleness` | int | `0` |" in schema.markdown()
+
+
+def test_built_none_and_auto_fields_take_a_value_of_their_type():
+  """A None default is a placeholder of the field's type (an override of another type is
+  refused as ml_collections refuses it); an 'auto' size takes an integer and 'auto' again."""
+  t = sections.task("files")
+  t.enable_thinking = True
+  with pytest.raises(TypeError):
+    t.enable_thinking = "yes"
+  o = sections.optim(1e-4)
+  o.reference_batch = 256
+  with pytest.raises(TypeError):
+    o.reference_batch = "big"
+  r = sections.rollout(6)
+  r.generation_batch = 16
+  r.generation_batch = "auto"
+  run = sections.run(10)
+  run.shared_prompt = False
+  run.compile_buckets = "ahead"
+  with pytest.raises(TypeError):
+    run.compile_buckets = 3
