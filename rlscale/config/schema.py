@@ -3,12 +3,10 @@ defaulted and documented in one line.
 
 ml_collections stays at the edge, where a config is written or edited: a config file's
 get_config (rlscale/config/sections.py builds its sections), the command line's
---config.x=y overrides and a run directory's config.json. The resolve step converts a config
-once (`check`, rlscale/resolve/resolved.py), and the library then reads typed fields
-(`run.cfg.rl.group_size`), never a field that may be absent. `from_dict` names every problem of a
-config at once (an unknown or misspelt field, a value of the wrong type, a missing section);
-`to_dict` is its inverse (config.json, config hashes); `describe` lists every field for the
-generated documentation.
+--config.x=y overrides and a run directory's config.json. The resolve step checks and converts
+a config once (rlscale/config/typed.py: `check`, `from_dict`), and the library then reads
+typed fields (`run.cfg.rl.group_size`), never a field that may be absent; `to_dict` is the
+inverse. rlscale/config/reference.py writes docs/config.md from the fields' docs.
 
 Variants. The task section has one type per task name (`TASKS`): the shared fields in `Task`,
 those of the tasks on text in `TextTask`, each task's own in its class; `task.name` picks the
@@ -22,8 +20,8 @@ Checks. Each section checks its own values in `check(s, cfg)`: `s` is the sectio
 dict with every field (an absent one reads as its default), `cfg` the whole config, for the few
 checks that read another section (the target's metric against the evaluation's switches).
 They run on the plain values, before types are enforced, so a wrong value is named with what
-the field allows ("must be True or False"); `check(d)` runs every section's, in one order, and
-then the type check for the fields no check named. What needs the devices or the files of the
+the field allows ("must be True or False"); typed.check runs every section's, in one order,
+and then the type check for the fields no check named. What needs the devices or the files of the
 run (the mesh, the model's weights, a task's files, the batch plan's sizes and the memory they
 take) is checked where it is built, in the resolve step (rlscale/resolve/); the names of an
 algorithm's registered parts (advantages, loss aggregations, KL estimators) by the algorithm.
@@ -31,7 +29,7 @@ algorithm's registered parts (advantages, loss aggregations, KL estimators) by t
 Defaults live here alone: rlscale/config/sections.py builds a config file's ConfigDicts from
 them. A field a builder takes as an argument gets the shipped configs' most common value, said
 in its comment. What a config written before a field existed ran with is the migration's
-(config/migrate.py, applied where a config enters, before `check`), never the schema's.
+(config/migrate.py, applied where a config enters, before the check), never the schema's.
 
 Each section also answers dict-style reads (`get`, `[]`, `in`, `keys`), for code that handles
 plain dicts as well (the batch plan reads a run's config.json too); none of them writes.
@@ -40,10 +38,8 @@ plain dicts as well (the batch plan reads a run's config.json too); none of them
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import os
-import re
 import types
 import typing
 from typing import Any, Literal
@@ -809,7 +805,16 @@ def _kind_errors(kind: str, present: set[str]) -> list[str]:
              if n in needs and n not in present])
 
 
-# --- the checks of a whole config ---
+# --- reading the sections' fields ---
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls) -> dict[str, Any]:
+  return typing.get_type_hints(cls)
+
+
+def _is_union(hint) -> bool:
+  return typing.get_origin(hint) in (typing.Union, types.UnionType)
 
 
 def choices(cls, name: str) -> tuple:
@@ -837,236 +842,6 @@ def with_defaults(cls, raw) -> dict:
   return {**out, **raw} if isinstance(raw, dict) else out
 
 
-@dataclasses.dataclass(frozen=True)
-class Checked:
-  """A config after every section's checks: the typed config (None when a value has the
-  wrong type or a section is missing), every error, and the fields the errors name."""
-  config: "Config | None"
-  errors: list[str]
-  named: frozenset[str]
-
-
-def _named(errors: list[str]) -> frozenset[str]:
-  return frozenset(re.split(r"[=:, ]", e.strip(), maxsplit=1)[0] for e in errors)
-
-
-def structure(d: dict) -> str:
-  """The config's kind, once it has one and the sections that kind needs (a ConfigError
-  naming what is missing, alone, otherwise)."""
-  kind = d.get("kind")
-  if not isinstance(kind, str):
-    raise ConfigError(f"invalid config:\n  kind={kind!r} must name sft or an algorithm")
-  need = (("model", "mesh", "task", "sft", "optim", "train", "eval") if kind == "sft" else
-          ("model", "mesh", "task", "init", "rollout", "rl", "optim", "noise", "target", "train",
-           "eval"))
-  missing = [n for n in need if n not in d]
-  if missing:
-    raise ConfigError(f"invalid config:\n  kind={kind!r} needs the section(s) "
-                      f"{', '.join(missing)}, which this config lacks")
-  return kind
-
-
-def check(d: dict, owners: list[str] | tuple = ()) -> Checked:
-  """Every section's checks of `d` (a config's nested plain dict, of this code's schema
-  version), each section checking its own values (its `check`) with the whole config at
-  hand, then the types of the fields no other check named. `owners` are the errors the
-  algorithm found in its own part (the names of registered losses and advantages,
-  rlscale/rl/algorithm.py), listed after the rl section's. A missing kind or section is a
-  ConfigError alone."""
-  kind = structure(d)
-  rl_type = RL_TYPES.get(kind, Rl)
-  task_type = TASKS.get(d["task"].get("name") if isinstance(d["task"], dict) else None, Task)
-  view = {"kind": kind, "seed": d.get("seed", 0)}
-  for name in _names(Config)[2:]:
-    if name in d:
-      cls = {"task": task_type, "rl": rl_type}.get(name) or _section_type(name)
-      view[name] = with_defaults(cls, d[name])
-  if "critic" in view:
-    view["critic"]["optim"] = with_defaults(Optim, view["critic"]["optim"])
-  errors = Model.check(view["model"], view) + Train.check(view["train"], view)
-  integer(errors, "seed", view["seed"], minimum=0)
-  errors += Eval.check(view["eval"], view)
-  if kind != "sft":
-    errors += Rollout.check(view["rollout"], view) + Noise.check(view["noise"], view)
-    errors += Target.check(view["target"], view) + Init.check(view["init"], view)
-    errors += rl_type.check(view["rl"], view)
-  errors += list(owners)
-  if "critic" in view:
-    errors += Critic.check(view["critic"], view)
-  errors += Optim.check(view["optim"], view)
-  if "critic" in view:
-    errors += Optim.check(view["critic"]["optim"], view, "critic.optim")
-  if kind != "sft":
-    errors += Rollout.sampler_errors(view["rollout"])
-  errors += task_type.check(view["task"], view) + Train.memory_errors(view["train"])
-  try:
-    typed = from_dict(d)
-  except ConfigError as e:  # a type no check above named (their messages say more)
-    typed, text = None, " ".join(errors)
-    errors += [line.strip() for line in str(e).splitlines()[1:]
-               if re.split(r"[=:]", line.strip(), maxsplit=1)[0] not in text]
-  return Checked(typed, errors, _named(errors))
-
-
-def _section_type(name: str):
-  hint = _hints(Config)[name]
-  return next(a for a in typing.get_args(hint) or (hint,) if a is not type(None))
-
-
-# --- from_dict ---
-_BAD = object()
-
-
-@functools.lru_cache(maxsize=None)
-def _hints(cls) -> dict[str, Any]:
-  return typing.get_type_hints(cls)
-
-
-def _is_union(hint) -> bool:
-  return typing.get_origin(hint) in (typing.Union, types.UnionType)
-
-
-def _value(value, hint):
-  """`value` as a field of type `hint` holds it (lists become tuples), or _BAD. A bool is no
-  int or float; an int is a float, kept as it is."""
-  origin, args = typing.get_origin(hint), typing.get_args(hint)
-  if _is_union(hint):
-    for arg in args:
-      out = _value(value, arg)
-      if out is not _BAD:
-        return out
-    return _BAD
-  if origin is Literal:
-    return value if any(type(value) is type(a) and value == a for a in args) else _BAD
-  if origin is tuple:
-    if not isinstance(value, (list, tuple)):
-      return _BAD
-    items = args[:1] * len(value) if args[-1:] == (Ellipsis,) else args
-    out = tuple(_value(v, a) for v, a in zip(value, items))
-    return out if len(items) == len(value) and _BAD not in out else _BAD
-  if hint is type(None):
-    return value if value is None else _BAD
-  if hint in (int, float):
-    ok = isinstance(value, int if hint is int else (int, float)) and not isinstance(value, bool)
-  else:
-    ok = isinstance(value, hint)
-  return value if ok else _BAD
-
-
-def _text(hint) -> str:
-  """A type as it is written: int | None, tuple[int, ...], Literal['a', 'b']."""
-  args = typing.get_args(hint)
-  if _is_union(hint):
-    return " | ".join(map(_text, args))
-  if typing.get_origin(hint) is Literal:
-    return f"Literal[{', '.join(map(repr, args))}]"
-  if typing.get_origin(hint) is tuple:
-    return f"tuple[{', '.join('...' if a is Ellipsis else _text(a) for a in args)}]"
-  return "None" if hint is type(None) else hint.__name__
-
-
-def _phrase(hint) -> str:
-  """What a value of type `hint` must be, for an error message."""
-  if _is_union(hint):
-    return " or ".join(map(_phrase, typing.get_args(hint)))
-  if typing.get_origin(hint) is Literal:
-    return f"one of {', '.join(map(repr, typing.get_args(hint)))}"
-  words = {int: "an int", float: "a float", str: "a str", bool: "True or False",
-           type(None): "None"}
-  return words.get(hint) or f"a {_text(hint)}"
-
-
-def _join(path: str, name: str) -> str:
-  return f"{path}.{name}" if path else name
-
-
-def _unknown(path: str, name: str, known) -> str:
-  close = difflib.get_close_matches(name, list(known), n=1)
-  return (f"{_join(path, name)}: no such field"
-          + (f" (did you mean {_join(path, close[0])}?)" if close else ""))
-
-
-def _section(cls, d, path: str, errors: list[str], others=frozenset()):
-  """`d` as a `cls`, or None with its problems added to `errors`; a key in `others` (a field
-  of another type of the section) is accepted and left out."""
-  if not isinstance(d, dict):
-    errors.append(f"{path}={d!r}: a section (a dict of its fields)")
-    return None
-  before, hints, kwargs = len(errors), _hints(cls), {}
-  names = _names(cls)
-  errors += [_unknown(path, k, sorted(set(names) | set(others))) for k in d
-             if k not in names and k not in others]
-  for field in dataclasses.fields(cls):
-    name, hint = field.name, hints[field.name]
-    if name not in d:
-      if field.default is MISSING and field.default_factory is MISSING:
-        errors.append(f"{_join(path, name)}: missing ({_phrase(hint)})")
-    elif dataclasses.is_dataclass(hint):
-      kwargs[name] = _section(hint, d[name], _join(path, name), errors)
-    else:
-      kwargs[name] = _value(d[name], hint)
-      if kwargs[name] is _BAD:
-        errors.append(f"{_join(path, name)}={d[name]!r}: {_phrase(hint)}")
-  return cls(**kwargs) if len(errors) == before else None
-
-
-@functools.lru_cache(maxsize=None)
-def _fields_of(*classes) -> frozenset[str]:
-  return frozenset(n for c in classes for n in _names(c))
-
-
-def from_dict(d: dict) -> Config:
-  """A nested plain dict (ConfigDict.to_dict(), a run's config.json) as a Config; a
-  ConfigError naming every problem, one per line, otherwise. Absent fields take their
-  defaults; a task field of another task type is accepted and left out."""
-  if not isinstance(d, dict):
-    raise ConfigError(f"invalid config:\n  {d!r}: a config (a dict of its sections)")
-  errors: list[str] = []
-  hints = _hints(Config)
-  errors += [_unknown("", k, _names(Config)) for k in d if k not in _names(Config)]
-  kind = d.get("kind")
-  if "kind" not in d:
-    errors.append(f"kind: missing ({_phrase(hints['kind'])})")
-  elif not isinstance(kind, str) or not kind:
-    errors.append(f"kind={kind!r}: sft or an RL algorithm's name (a str)")
-  kind = kind if isinstance(kind, str) and kind else None
-  kwargs: dict[str, Any] = {"kind": kind}
-  if "seed" in d:
-    kwargs["seed"] = _value(d["seed"], hints["seed"])
-    if kwargs["seed"] is _BAD:
-      errors.append(f"seed={d['seed']!r}: {_phrase(hints['seed'])}")
-  if kind is not None:
-    errors += _kind_errors(kind, {n for n in _OPTIONAL if n in d})
-  for name in _names(Config):
-    if name in ("kind", "seed"):
-      continue
-    if name not in d:
-      if name not in _OPTIONAL:
-        errors.append(f"{name}: missing (every config has it)")
-      continue
-    if name == "task":
-      kwargs[name] = _task(d[name], errors)
-    elif name == "rl":
-      rl = RL_TYPES[kind] if kind in RL_TYPES else Rl
-      others = _fields_of(*RL_TYPES.values()) if rl is Rl else frozenset()
-      kwargs[name] = _section(rl, d[name], name, errors, others)
-    else:
-      cls = next(a for a in typing.get_args(hints[name]) or (hints[name],) if a is not type(None))
-      kwargs[name] = _section(cls, d[name], name, errors)
-  if errors:
-    raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
-  return Config(**kwargs)
-
-
-def _task(d, errors: list[str]):
-  """The task section as the type its name picks."""
-  name = d.get("name", Task.name) if isinstance(d, dict) else None
-  if isinstance(d, dict) and (not isinstance(name, str) or name not in TASKS):
-    errors.append(f"task.name={name!r}: no such task (one of {', '.join(TASKS)})")
-    return None
-  return _section(TASKS.get(name, Task), d, "task", errors, _fields_of(*TASKS.values()))
-
-
 def to_dict(cfg: Config) -> dict:
   """The nested plain dict of `cfg`'s fields (from_dict's inverse): sections that are None
   are left out, tuples stay tuples."""
@@ -1074,88 +849,3 @@ def to_dict(cfg: Config) -> dict:
     return {k: plain(node[k]) if isinstance(node[k], _Fields) else node[k]
             for k in node.keys()}
   return plain(cfg)
-
-
-def describe() -> list[tuple[str, str, object, str]]:
-  """(dotted name, type, default, doc) of every field, for the generated documentation.
-
-  A field of some types of a section only is named with them: task[files|tfds_math|
-  reasoning_gym].grader, rl[ppo|ppo_ewma].gamma; kind's default is dataclasses.MISSING (a
-  config must say it)."""
-  rows: list[tuple[str, str, object, str]] = []
-  _describe(Config, None, "", rows)
-  return rows
-
-
-def _describe(cls, instance, path: str, rows: list) -> None:
-  hints = _hints(cls)
-  for field in dataclasses.fields(cls):
-    name, hint = _join(path, field.name), hints[field.name]
-    kinds = [a for a in typing.get_args(hint) if dataclasses.is_dataclass(a)]
-    if dataclasses.is_dataclass(hint) or kinds:
-      variants = kinds or [hint]
-      if len(variants) == 1:
-        default = getattr(instance, field.name) if instance is not None else None
-        _describe(variants[0], default if default is not None else _fresh(field, variants[0]),
-                  name, rows)
-      else:
-        _variants(variants, name, rows)
-      continue
-    default = getattr(instance, field.name) if instance is not None else field.default
-    rows.append((name, _text(hint), default, field.metadata["doc"]))
-
-
-def _fresh(field, cls):
-  return field.default_factory() if field.default_factory is not MISSING else cls()
-
-
-def _variants(classes, path: str, rows: list) -> None:
-  """The fields of a section with one type per variant (task, rl), each named once with the
-  variants that share its type, default and doc."""
-  table = TASKS if issubclass(classes[0], Task) else RL_TYPES
-  labels = {c: "|".join(n for n, t in table.items() if t is c) for c in classes}
-  per: dict[str, dict[tuple, list[str]]] = {}
-  for cls in classes:
-    sub: list = []
-    _describe(cls, cls(), "", sub)
-    for name, kind, default, doc in sub:
-      per.setdefault(name, {}).setdefault((kind, repr(default), doc, default), []).append(
-          labels[cls])
-  for name, groups in per.items():
-    for (kind, _, doc, default), which in groups.items():
-      label = "" if len(which) == len(classes) else f"[{'|'.join(which)}]"
-      rows.append((f"{path}{label}.{name}", kind, default, doc))
-
-
-def _cell(value) -> str:
-  if value is MISSING:
-    return "(required)"
-  return "`" + repr(value).replace("|", "\\|") + "`"
-
-
-def markdown() -> str:
-  """docs/config.md: every field of every section, with its type, default and doc."""
-  lines = ["# Config fields", "",
-           "Every field a run's config holds, by section: its type, its default and what it "
-           "does. A config file's `get_config` sets them (`configs/*.py`), `--config.a.b=value` "
-           "overrides one on the command line, and a run directory's `config.json` records "
-           "them with its `schema_version`; a field set that no section has is refused at "
-           "resolve, naming the field meant. `task[chain_sum].terms` is a field of the "
-           "chain_sum task only, `rl[ppo|ppo_ewma].gamma` of those algorithms'. Generated from "
-           "`rlscale/config/schema.py`: `python -m rlscale.config.schema > docs/config.md`.",
-           ""]
-  section = None
-  for name, kind, default, doc in describe():
-    head = name.split(".")[0].split("[")[0] if "." in name else "run"
-    if head != section:
-      section = head
-      lines += ["", f"## {section}", "", "| field | type | default | what it does |",
-                "| --- | --- | --- | --- |"]
-    bar = "\\|"  # a | inside a table cell
-    lines.append(f"| `{name.replace('|', bar)}` | {kind.replace('|', bar)} | {_cell(default)} | "
-                 f"{doc} |")
-  return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-  print(markdown(), end="")

@@ -2,7 +2,7 @@
 
 `resolve` takes a config of this code's schema version (config/migrate.py: a config file and a
 run's config.json are migrated where they are read, once), has every section check its own
-values and the schema the types (config/schema.check; the algorithm checks the names of its
+values and the schema the types (config/typed.check; the algorithm checks the names of its
 registered parts, rl/algorithm.check), builds the meshes, model config and task from the
 devices and files, each refusing what they cannot build (resolve/experiment.py), plans the
 batch once against the mesh and the device memory (plan/batch.py) and, for an RL run that starts
@@ -19,7 +19,7 @@ import os
 
 import ml_collections
 
-from rlscale.config import fields, migrate, schema
+from rlscale.config import fields, migrate, schema, typed
 from rlscale.config.errors import ConfigError
 from rlscale.plan import batch
 from rlscale.resolve import experiment
@@ -80,10 +80,9 @@ def resolve(cfg: ml_collections.ConfigDict, workdir: str | None, config_file: st
   errors = fields.check_directory(workdir) if workdir is not None else []
   errors += _allowed(cfg, allow_config_change)
   d = cfg.to_dict()
-  owners = [] if schema.structure(d) == "sft" else algorithm.check(cfg)
-  checked = schema.check(d, owners)
+  owners = [] if typed.structure(d) == "sft" else algorithm.check(cfg)
+  checked = typed.check(d, owners)
   errors += checked.errors
-  typed = checked.config
   checked_count = len(errors)  # the fields' own errors; what follows depends on the devices too
   env = setup or experiment.setup(cfg, errors)
   plan = batch.plan_for(cfg, env, errors, memory=not {"train.remat", "train.logprob_chunk"}
@@ -96,7 +95,7 @@ def resolve(cfg: ml_collections.ConfigDict, workdir: str | None, config_file: st
   frozen = ml_collections.FrozenConfigDict(cfg)
   if workdir is not None:
     experiment.check_resume(workdir, frozen, allow_config_change)
-  return Resolved(typed, frozen, workdir, config_file, env, plan, recipe=recipe)
+  return Resolved(checked.config, frozen, workdir, config_file, env, plan, recipe=recipe)
 
 
 def _allowed(cfg, allow: tuple[str, ...]) -> list[str]:

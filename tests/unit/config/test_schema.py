@@ -13,7 +13,7 @@ import ml_collections
 import pytest
 
 from tests.support import REPO
-from rlscale.config import files, schema, sections
+from rlscale.config import files, reference, schema, sections, typed
 from rlscale.config.errors import ConfigError
 
 from rlscale.config.migrate import EXPANDED, migrate as fill
@@ -39,7 +39,7 @@ def _strict(v):
 def _round_trip(d: dict) -> schema.Config:
   """from_dict(d); its to_dict is d restricted to the typed fields, and only task fields of
   another task type are left out."""
-  cfg = schema.from_dict(d)
+  cfg = typed.from_dict(d)
   out = schema.to_dict(cfg)
   restricted = {s: ({k: d[s][k] for k in v} if isinstance(v, dict) else d[s])
                 for s, v in out.items()}
@@ -82,7 +82,7 @@ def _grpo() -> dict:
 
 def _error(d: dict) -> list[str]:
   with pytest.raises(ConfigError) as e:
-    schema.from_dict(d)
+    typed.from_dict(d)
   lines = str(e.value).splitlines()
   assert lines[0] == "invalid config:"
   return [line.strip() for line in lines[1:]]
@@ -144,13 +144,13 @@ def test_values_are_kept_as_given():
   d["optim"]["lr"] = 1  # an int where a float goes: kept (config hashes read it)
   d["mesh"]["rules"] = [["vocab", ["fsdp", "tensor"]], ["seq", None]]
   d["train"]["shared_prompt"] = False
-  cfg = schema.from_dict(d)
+  cfg = typed.from_dict(d)
   assert type(cfg.optim.lr) is int and cfg.optim.lr == 1
   assert cfg.mesh.rules == (("vocab", ("fsdp", "tensor")), ("seq", None))
   assert cfg.train.shared_prompt is False and cfg.mesh.shape == (-1, 1, 1)
   assert schema.to_dict(cfg)["mesh"]["shape"] == (-1, 1, 1)
   del d["rollout"]["top_p"]  # absent: the schema's default
-  assert schema.from_dict(d).rollout.top_p == 1.0
+  assert typed.from_dict(d).rollout.top_p == 1.0
 
 
 def test_each_task_name_has_its_own_type():
@@ -158,18 +158,18 @@ def test_each_task_name_has_its_own_type():
   for name, cls in schema.TASKS.items():
     d = _grpo()
     d["task"] = {**base["task"], "name": name}
-    cfg = schema.from_dict(d)
+    cfg = typed.from_dict(d)
     assert type(cfg.task) is cls and cfg.task.name == name
     assert set(schema.to_dict(cfg)["task"]) == set(schema._names(cls))
-  chain = schema.from_dict(_load("grpo_chain_sum.py"))
+  chain = typed.from_dict(_load("grpo_chain_sum.py"))
   assert "ops" not in chain.task and not hasattr(chain.task, "ops")
   assert chain.task.terms == 4 and "grader" not in chain.task
-  files_task = schema.from_dict(_load("grpo_math.py")).task
+  files_task = typed.from_dict(_load("grpo_math.py")).task
   assert files_task.train_files.endswith("train.jsonl") and "digits" not in files_task
 
 
 def test_every_field_has_a_type_and_a_one_line_doc():
-  rows = schema.describe()
+  rows = reference.describe()
   names = [r[0] for r in rows]
   assert len(names) == len(set(names))
   for name, kind, _, doc in rows:
@@ -184,7 +184,7 @@ def test_the_migration_sets_fields_of_the_schema_and_these_differ_from_today():
   """Every field the migration sets for old configs is a schema field; where what old runs ran
   with differs from today's default, it is one of these (each a behaviour that changed)."""
   today: dict[str, list] = {}
-  for name, _, default, _ in schema.describe():
+  for name, _, default, _ in reference.describe():
     today.setdefault(re.sub(r"\[[^]]*\]", "", name), []).append(default)
   assert set(EXPANDED) <= set(today), set(EXPANDED) - set(today)
   differ = {k for k, v in EXPANDED.items()
@@ -255,7 +255,7 @@ def test_a_registered_algorithms_kind_reads_with_the_shared_rl_section():
   a misspelt field is still named."""
   d = _grpo()
   d["kind"] = "reinforce_test"
-  cfg = schema.from_dict(d)
+  cfg = typed.from_dict(d)
   assert type(cfg.rl) is schema.Rl and cfg.rl.group_size == d["rl"]["group_size"]
   d["rl"]["grup_size"] = 4
   assert "rl.grup_size: no such field (did you mean rl.group_size?)" in _error(d)
@@ -263,7 +263,7 @@ def test_a_registered_algorithms_kind_reads_with_the_shared_rl_section():
 
 
 def test_sections_are_frozen_and_read_like_dicts():
-  cfg = schema.from_dict(_grpo())
+  cfg = typed.from_dict(_grpo())
   with pytest.raises(dataclasses.FrozenInstanceError):
     cfg.rl.group_size = 3
   with pytest.raises(dataclasses.FrozenInstanceError):
@@ -275,7 +275,7 @@ def test_sections_are_frozen_and_read_like_dicts():
     cfg.rl["gamma"]
   assert cfg.optim.keys() == tuple(f.name for f in dataclasses.fields(schema.Optim))
   assert "critic" not in cfg and cfg.get("critic", {}) == {} and "rl" in cfg
-  assert "critic" in schema.from_dict(_load("ppo.py:tiny"))
+  assert "critic" in typed.from_dict(_load("ppo.py:tiny"))
   with pytest.raises(ConfigError, match="kind='sft' has no rl section"):
     schema.Config(kind="sft", sft=schema.Sft(), rl=schema.GrpoRl())
   with pytest.raises(ConfigError, match="takes a PpoRl"):
@@ -285,10 +285,10 @@ def test_sections_are_frozen_and_read_like_dicts():
 
 def test_the_config_reference_page_is_the_schemas():
   """docs/config.md is generated from the schema: regenerate it with
-  `python -m rlscale.config.schema > docs/config.md` when a field changes."""
+  `python -m rlscale.config.reference > docs/config.md` when a field changes."""
   with open(os.path.join(REPO, "docs", "config.md")) as f:
-    assert f.read() == schema.markdown()
-  assert "| `rollout.max_staleness` | int | `0` |" in schema.markdown()
+    assert f.read() == reference.markdown()
+  assert "| `rollout.max_staleness` | int | `0` |" in reference.markdown()
 
 
 def test_built_none_and_auto_fields_take_a_value_of_their_type():

@@ -166,7 +166,7 @@ def test_remat_cuts_the_training_step_temporaries():
 
 
 def test_unknown_settings_are_refused_naming_the_field():
-  from rlscale.config import schema
+  from rlscale.config import schema, typed
   assert schema.Train.memory_errors({"remat": "none", "logprob_chunk": 8192}) == []
   errors = schema.Train.memory_errors({"remat": "some", "logprob_chunk": -1})
   assert "train.remat='some'" in errors[0] and "train.logprob_chunk=-1" in errors[1]
@@ -177,7 +177,7 @@ def test_unknown_settings_are_refused_naming_the_field():
   from rlscale.config import files as config_files
   cfg = config_files.load("configs/grpo.py")
   cfg.train.remat = "sometimes"
-  assert "train.remat='sometimes'; known: none, full, dots" in schema.check(cfg.to_dict()).errors
+  assert "train.remat='sometimes'; known: none, full, dots" in typed.check(cfg.to_dict()).errors
 
 
 def test_float32_moments_for_bf16_parameters():

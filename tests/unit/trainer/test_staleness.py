@@ -215,13 +215,13 @@ def test_each_correction_runs_stale_and_records_what_it_did(tmp_path, tiny_sft_b
 ])
 def test_a_bad_staleness_is_one_line_naming_the_field(changes, message):
   from rlscale.config import files as config_files
-  from rlscale.config import schema
+  from rlscale.config import typed
   cfg = config_files.load(os.path.join(REPO, "configs", "grpo.py:tiny"))
   with cfg.unlocked():
     for k, v in changes.items():
       section, field = k.split(".")
       cfg[section][field] = v
-  errors = schema.check(cfg.to_dict()).errors
+  errors = typed.check(cfg.to_dict()).errors
   assert any(message in e for e in errors), errors
 
 
