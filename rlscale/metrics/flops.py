@@ -29,16 +29,16 @@ HBM_BW = {
 }
 
 
-def matmul_params(cfg: ModelConfig) -> int:
-  e, f, d = cfg.d_model, cfg.mlp_dim, cfg.head_dim
-  per_layer = e * (cfg.num_heads + 2 * cfg.num_kv_heads) * d + cfg.num_heads * d * e + 3 * e * f
-  return cfg.num_layers * per_layer + e * cfg.vocab_size
+def matmul_params(m: ModelConfig) -> int:
+  e, f, d = m.d_model, m.mlp_dim, m.head_dim
+  per_layer = e * (m.num_heads + 2 * m.num_kv_heads) * d + m.num_heads * d * e + 3 * e * f
+  return m.num_layers * per_layer + e * m.vocab_size
 
 
-def forward_flops(cfg: ModelConfig, tokens: float, attended: float) -> float:
+def forward_flops(m: ModelConfig, tokens: float, attended: float) -> float:
   """FLOPs of `tokens` forward tokens that attend to `attended` keys in total."""
-  attn = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim
-  return 2.0 * matmul_params(cfg) * tokens + attn * attended
+  attn = 4 * m.num_layers * m.num_heads * m.head_dim
+  return 2.0 * matmul_params(m) * tokens + attn * attended
 
 
 def causal_pairs(lengths) -> float:
