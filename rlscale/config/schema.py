@@ -395,6 +395,10 @@ class Rl(_Fields):
     kl, entropy = s["kl_coef"], s["entropy_coef"]
     if _real(kl) and _real(entropy) and (kl < 0 or entropy < 0):
       errors.append(f"rl.kl_coef={kl}, rl.entropy_coef={entropy} must be >= 0")
+    if _real(s["dual_clip"]) and s["dual_clip"] and s["dual_clip"] <= 1:
+      errors.append(f"rl.dual_clip={s['dual_clip']} must be > 1 (or 0 to turn it off)")
+    if _real(s["prox_com"]) and s["prox_com"] < 0:
+      errors.append(f"rl.prox_com={s['prox_com']} must be >= 0")
     return errors
 
   @staticmethod
@@ -450,10 +454,6 @@ class PpoRl(Rl):
       if _real(s[name]) and not 0 <= s[name] <= 1:
         errors.append(f"rl.{name}={s[name]} must be in [0, 1]")
     boolean(errors, "rl.whiten_advantages", s["whiten_advantages"])
-    if _real(s["dual_clip"]) and s["dual_clip"] and s["dual_clip"] <= 1:
-      errors.append(f"rl.dual_clip={s['dual_clip']} must be > 1 (or 0 to turn it off)")
-    if _real(s["prox_com"]) and s["prox_com"] < 0:
-      errors.append(f"rl.prox_com={s['prox_com']} must be >= 0")
     return errors
 
 

@@ -107,6 +107,7 @@ BAD = [
     row("ppo.py", "rl.gamma", 1.5, "rl.gamma=1.5 must be in [0, 1]"),
     row("ppo.py", "rl.lam", -0.1, "rl.lam=-0.1 must be in [0, 1]"),
     row("ppo.py", "rl.dual_clip", 0.5, "rl.dual_clip=0.5 must be > 1"),
+    row("grpo.py", "rl.dual_clip", 0.5, "rl.dual_clip=0.5 must be > 1"),
     row("ppo.py", "rl.prox_com", -1.0, "rl.prox_com=-1.0 must be >= 0"),
     row("ppo.py", "rl.prox_com", 2.0, "rl.prox_com=2.0 turns on the proximal policy"),
     row("ppo.py", "rl.prox_com", 0.0, "rl.prox_com=0.0: ppo_ewma needs", also={"kind": "ppo_ewma"}),
