@@ -49,42 +49,6 @@ def scale(cfg: Mapping[str, Any], batch: float) -> Scaled:
   return Scaled(lr, b1, b2, eps, k)
 
 
-def check(cfg: Mapping[str, Any], prefix: str = "optim") -> list[str]:
-  """Errors of an optimizer section, each naming `prefix.field`, its value and what is allowed."""
-  errors = []
-
-  def number(field, allowed, ok, default=None):
-    v = cfg[field] if field in cfg else default
-    if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-        or not ok(v)):
-      errors.append(f"{prefix}.{field}={v!r} must be {allowed}")
-
-  number("lr", "a positive number", lambda v: v > 0)
-  if cfg["schedule"] not in SCHEDULES:
-    errors.append(f"{prefix}.schedule={cfg['schedule']!r}; known: {', '.join(SCHEDULES)}")
-  if cfg["lr_scaling"] not in RULES:
-    errors.append(f"{prefix}.lr_scaling={cfg['lr_scaling']!r}; known: {', '.join(RULES)}")
-  if cfg["lr_batch"] not in LR_BATCHES:
-    errors.append(f"{prefix}.lr_batch={cfg['lr_batch']!r}; known: {', '.join(LR_BATCHES)}")
-  ref = cfg["reference_batch"]
-  if ref is not None and (isinstance(ref, bool) or not isinstance(ref, (int, float)) or ref <= 0):
-    errors.append(f"{prefix}.reference_batch={ref!r} must be a positive number of responses "
-                  f"(or None: the run's own batch)")
-  if not isinstance(cfg["adam_scaling"], bool):
-    errors.append(f"{prefix}.adam_scaling={cfg['adam_scaling']!r} must be True or False")
-  number("warmup_responses", ">= 0", lambda v: v >= 0, 0)
-  number("final_lr_frac", "in [0, 1] (a fraction of lr)", lambda v: 0 <= v <= 1, 0.0)
-  number("weight_decay", ">= 0", lambda v: v >= 0, 0.0)
-  number("grad_clip", ">= 0 (0 turns clipping off)", lambda v: v >= 0, 0.0)
-  number("b1", "in [0, 1)", lambda v: 0 <= v < 1, 0.9)
-  number("b2", "in [0, 1)", lambda v: 0 <= v < 1, 0.999)
-  number("eps", "> 0", lambda v: v > 0, 1e-8)
-  if cfg["state_dtype"] not in STATE_DTYPES:
-    errors.append(f"{prefix}.state_dtype={cfg['state_dtype']!r}; known: '' (the parameters' "
-                  f"dtype), 'float32'")
-  return errors
-
-
 def schedule(cfg: Mapping[str, Any], lr: float, total_responses: float,
              responses_per_step: float) -> optax.Schedule:
   """lr at optimizer step s, where step s has consumed s * responses_per_step responses.
