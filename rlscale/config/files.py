@@ -83,3 +83,15 @@ def load(spec: str, relative_to: str | None = None) -> ml_collections.ConfigDict
   `find` for where the file is looked up."""
   module, arg = load_module(spec, relative_to)
   return migrate.migrate(module.get_config(arg))
+
+
+def run_config(run_dir: str) -> dict:
+  """A run directory's config.json as this code reads it (config/migrate.py: the fields a run
+  written before they existed ran with), as a plain nested dict. FileNotFoundError naming the
+  folder when it holds no config.json."""
+  import json
+  path = os.path.join(run_dir, "config.json")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{run_dir} is not a run directory: it has no config.json")
+  with open(path) as f:
+    return migrate.migrate(json.load(f))

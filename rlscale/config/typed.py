@@ -20,8 +20,8 @@ from rlscale.config.errors import ConfigError
 from rlscale.config.fields import integer
 from rlscale.config.schema import (MISSING, RL_TYPES, TASKS, Config, Critic, Eval, Init, Model,
                                    Noise, Optim, Rl, Rollout, Target, Task, Train, _OPTIONAL,
-                                   _hints, _is_union, _kind_errors, _names,
-                                   with_defaults)
+                                   _hints, _is_union, _kind_errors, _names, with_defaults)
+
 
 @dataclasses.dataclass(frozen=True)
 class Checked:

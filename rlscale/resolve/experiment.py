@@ -19,6 +19,7 @@ from rlscale.parallel import sharding
 from rlscale.checkpoints import hf_checks
 from rlscale.checkpoints.hf import config_from_folder
 from rlscale.checkpoints.tokenizer import HFTokenizer
+from rlscale.config import files as config_files
 from rlscale.config import migrate
 from rlscale.metrics.writer import write_json
 
@@ -144,7 +145,6 @@ def recipe(cfg: ml_collections.ConfigDict, config_file: str | None) -> ml_collec
   """init.sft_config, the SFT recipe of an RL run's base policy, with the run's model, task and
   mesh. Its seed is its own (the `seed=` of init.sft_config), not the run's: RL seeds of a sweep
   share one base policy."""
-  from rlscale.config import files as config_files
   sft_cfg = config_files.load(cfg.init.sft_config, config_file)
   with sft_cfg.unlocked():
     for section in ("model", "task", "mesh"):
@@ -259,8 +259,7 @@ def check_resume(workdir: str, cfg: ml_collections.ConfigDict,
   if not (os.path.exists(path) and _has_checkpoint(workdir)):
     return
   check_format(workdir)
-  with open(path) as f:
-    old = migrate.flat(migrate.migrate(json.load(f)))  # as this code reads it
+  old = migrate.flat(config_files.run_config(workdir))  # as this code reads it
   new = migrate.flat(json.loads(cfg.to_json_best_effort()))
   changed = [f"{k}: {old.get(k, '(absent)')!r} -> {new.get(k, '(absent)')!r}"
              for k in sorted(set(old) | set(new))

@@ -38,6 +38,7 @@ import json
 import math
 import os
 
+from rlscale.config import files as config_files
 from rlscale.config.errors import ConfigError
 
 SWEEP = "cbs_probe"
@@ -98,11 +99,11 @@ class Probe:
 
 
 def parent_config(run_dir: str) -> dict:
-  path = os.path.join(run_dir, "config.json")
-  if not os.path.isfile(path):
-    raise ConfigError(f"{run_dir} is not a run directory: it has no config.json")
-  with open(path) as f:
-    return json.load(f)
+  """The parent run's config, as this code reads it (config/files.run_config)."""
+  try:
+    return config_files.run_config(run_dir)
+  except FileNotFoundError as e:
+    raise ConfigError(str(e)) from e
 
 
 def kept_steps(run_dir: str) -> list[int]:

@@ -284,11 +284,9 @@ def stage_results(sweep_dir: str, metric: str | None = None,
   m = mf.load(sweep_dir)
   out = []
   for e in m.points if m else []:
-    cfg_path = os.path.join(e.run_dir, "config.json")
-    if e.status != mf.DONE or not os.path.exists(cfg_path):
+    if e.status != mf.DONE or not os.path.exists(os.path.join(e.run_dir, "config.json")):
       continue
-    with open(cfg_path) as f:
-      cfg = json.load(f)
+    cfg = config_files.run_config(e.run_dir)
     t = cfg.get("target") or {}  # config.json of the run (an SFT run has no target)
     name = metric or t.get("metric")
     value = target if target is not None else t.get("value")

@@ -15,7 +15,6 @@ and MFU.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import time
@@ -26,6 +25,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
+from rlscale.config import files as config_files
 from rlscale.plan import batch
 from rlscale.parallel import distributed
 from rlscale.resolve import resolved
@@ -216,8 +216,7 @@ class RLTrainer:
                               opt_state=mine.opt_state if fresh
                               else optim.branched(mine.opt_state, state[n].opt_state))
     self.sampler_params, self.ahead = self.sync(self.actor.params), {}
-    with open(os.path.join(parent, "config.json")) as f:
-      parent_p = json.load(f)["rl"]["num_prompts"]
+    parent_p = config_files.run_config(parent)["rl"]["num_prompts"]
     self.prompt_offset = meta.get("next_prompt") or (meta.get("prompt_offset", 0)
                                                      + step * parent_p)
 
