@@ -59,8 +59,10 @@ def _outcome(cfg, config_file, root=None, workdir=None) -> dict:
 
 
 def _key(param) -> str:
-  """A row's name: its id and expected text (two rows share an id)."""
-  return f"{param.id}: {param.values[3]}"
+  """A row's name, the same in every checkout: its config, field, value (this checkout's path
+  as <repo>) and expected text (two rows share the rest)."""
+  config, field, value, expect = param.values[:4]
+  return _plain(f"{config}:{field}={value!r}: {expect}", None)
 
 
 def _bad(param, root) -> dict:
