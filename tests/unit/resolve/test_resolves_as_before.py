@@ -41,6 +41,8 @@ def _plain(text: str, root: str | None) -> str:
   """Paths of this checkout and of the test's temporary folder as placeholders."""
   if root:
     text = text.replace(str(root), "<tmp>")
+  for folder in config_files.packaged_dirs():  # the shipped configs, where rlscale is installed
+    text = text.replace(os.path.dirname(os.path.abspath(folder)), "<repo>")
   return text.replace(REPO, "<repo>")
 
 
