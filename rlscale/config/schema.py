@@ -81,6 +81,10 @@ class _Fields:
   def __contains__(self, name: object) -> bool:
     return name in self.keys()
 
+  def to_dict(self) -> dict:
+    """The section's fields as a nested plain dict (as a ConfigDict's to_dict)."""
+    return to_dict(self)
+
   @classmethod
   def check(cls, s: dict, cfg: dict) -> list[str]:
     """The errors of this section's values `s` (every field present: a field the config lacks
@@ -117,6 +121,9 @@ class Model(_Fields):
               for f in ("dtype", "param_dtype") if s[f] not in dtypes]
     if s["hf_checkpoint"]:
       hf_folder(errors, "model.hf_checkpoint", s["hf_checkpoint"], tokenizer=True)
+    if s["rope_theta"] is not None:  # the shape's other overrides: models/config.py
+      number(errors, "model.rope_theta", s["rope_theta"], "a positive number (None: the named "
+             "size's)", lambda v: v > 0)
     return errors
 
 
@@ -152,7 +159,7 @@ class Task(_Fields):
     """The task's own fields, before anything is built or read (a text task's files are read
     when the run builds it, and checked there)."""
     name = s["name"]
-    if name not in TASKS:
+    if not isinstance(name, str) or name not in TASKS:
       return [f"task.name={name!r} is not one of {tuple(TASKS)}"]
     errors: list[str] = []
     integer(errors, "task.num_eval", s["num_eval"])
@@ -387,24 +394,24 @@ class Rl(_Fields):
       errors.append(f"rl.old_logprobs={s['old_logprobs']!r}; known: "
                     f"{', '.join(choices(cls, 'old_logprobs'))}")
     low, high = s["clip_eps_low"], s["clip_eps_high"]
-    if _real(low) and _real(high) and (not 0 <= low < 1 or high < 0):
+    if _real(low) and _real(high) and (not 0 <= low < 1 or not high >= 0):
       errors.append(f"rl.clip_eps_low={low}, rl.clip_eps_high={high}: need 0 <= low < 1 and "
                     f"high >= 0")
     errors += cls._ptx_errors(s)
     errors += cls._correction_errors(s)
     kl, entropy = s["kl_coef"], s["entropy_coef"]
-    if _real(kl) and _real(entropy) and (kl < 0 or entropy < 0):
+    if _real(kl) and _real(entropy) and not (kl >= 0 and entropy >= 0):  # NaN is refused
       errors.append(f"rl.kl_coef={kl}, rl.entropy_coef={entropy} must be >= 0")
-    if _real(s["dual_clip"]) and s["dual_clip"] and s["dual_clip"] <= 1:
+    if _real(s["dual_clip"]) and s["dual_clip"] and not s["dual_clip"] > 1:
       errors.append(f"rl.dual_clip={s['dual_clip']} must be > 1 (or 0 to turn it off)")
-    if _real(s["prox_com"]) and s["prox_com"] < 0:
+    if _real(s["prox_com"]) and not s["prox_com"] >= 0:
       errors.append(f"rl.prox_com={s['prox_com']} must be >= 0")
     return errors
 
   @staticmethod
   def _ptx_errors(s) -> list[str]:
     coef, rows = s["ptx_coef"], s["ptx_rows"]
-    if isinstance(coef, bool) or not isinstance(coef, (int, float)) or coef < 0:
+    if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not coef >= 0:
       return [f"rl.ptx_coef={coef!r} must be a number >= 0 (0 turns PPO-ptx off)"]
     if coef and (isinstance(rows, bool) or not isinstance(rows, int) or rows <= 0):
       return [f"rl.ptx_rows={rows!r} must be a positive multiple of 1 (batch shards x "
@@ -530,7 +537,7 @@ class Critic(_Fields):
   @classmethod
   def check(cls, s, cfg):
     errors: list[str] = []
-    if _real(s["value_clip"]) and s["value_clip"] < 0:
+    if _real(s["value_clip"]) and not s["value_clip"] >= 0:
       errors.append(f"critic.value_clip={s['value_clip']} must be >= 0 (0 turns it off)")
     integer(errors, "critic.warmup_steps", s["warmup_steps"], minimum=0)
     if s["hf_checkpoint"]:

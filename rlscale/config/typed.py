@@ -61,7 +61,8 @@ def check(d: dict, owners: list[str] | tuple = ()) -> Checked:
   ConfigError alone."""
   kind = structure(d)
   rl_type = RL_TYPES.get(kind, Rl)
-  task_type = TASKS.get(d["task"].get("name") if isinstance(d["task"], dict) else None, Task)
+  name = d["task"].get("name") if isinstance(d["task"], dict) else None
+  task_type = TASKS.get(name, Task) if isinstance(name, str) else Task
   view = {"kind": kind, "seed": d.get("seed", 0)}
   for name in _names(Config)[2:]:
     if name in d:

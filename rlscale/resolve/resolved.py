@@ -80,15 +80,24 @@ def resolve(cfg: ml_collections.ConfigDict, workdir: str | None, config_file: st
   errors = fields.check_directory(workdir) if workdir is not None else []
   errors += _allowed(cfg, allow_config_change)
   d = cfg.to_dict()
-  owners = [] if typed.structure(d) == "sft" else algorithm.check(cfg)
+  owners, crash = [], None
+  if typed.structure(d) != "sft":
+    try:
+      owners = algorithm.check(cfg)
+    except _BUILD_ERRORS as e:  # a section of the wrong shape, which the schema names
+      crash = e
   checked = typed.check(d, owners)
+  if crash is not None and not checked.errors:
+    raise crash
   errors += checked.errors
   checked_count = len(errors)  # the fields' own errors; what follows depends on the devices too
-  env = setup or experiment.setup(cfg, errors)
-  plan = batch.plan_for(cfg, env, errors, memory=not {"train.remat", "train.logprob_chunk"}
-                        & checked.named)
-  recipe = _recipe(cfg, config_file, env, errors)
-  if errors and not checked_count and workdir is not None:
+  env = setup or _built(lambda: experiment.setup(cfg, errors), errors)
+  plan = recipe = None
+  if env is not None:
+    plan = _built(lambda: batch.plan_for(cfg, env, errors, memory=not {
+        "train.remat", "train.logprob_chunk"} & checked.named), errors)
+    recipe = _built(lambda: _recipe(cfg, config_file, env, errors), errors)
+  if errors and not checked_count and workdir is not None and env is not None:
     _refuse_another_layout(workdir, cfg, env, errors)
   if errors:
     raise ConfigError("invalid config:\n  " + "\n  ".join(e.strip() for e in errors))
@@ -96,6 +105,23 @@ def resolve(cfg: ml_collections.ConfigDict, workdir: str | None, config_file: st
   if workdir is not None:
     experiment.check_resume(workdir, frozen, allow_config_change)
   return Resolved(checked.config, frozen, workdir, config_file, env, plan, recipe=recipe)
+
+
+# A part built from a value the checks above already refused (a str where a number goes, a
+# section that is no dict) can fail inside its builder: that value's error is in the list, and
+# the part is left unbuilt. With no error in the list, the failure is the code's: raised.
+_BUILD_ERRORS = (TypeError, AttributeError, KeyError, ValueError)
+
+
+def _built(step, errors: list[str]):
+  try:
+    return step()
+  except ConfigError:
+    raise
+  except _BUILD_ERRORS:
+    if not errors:
+      raise
+    return None
 
 
 def _allowed(cfg, allow: tuple[str, ...]) -> list[str]:

@@ -182,7 +182,8 @@ def demonstrations(ctx: Context):
 
 def registry_errors(field: str, value: str, registry: Registry) -> list[str]:
   """[] when `value` names an entry of `registry`, else the error naming the field."""
-  return [] if value in registry else [f"{field}={value!r}; known: {sorted(registry)}"]
+  known = isinstance(value, str) and value in registry
+  return [] if known else [f"{field}={value!r}; known: {sorted(registry)}"]
 
 
 def policy_loss_errors(rl) -> list[str]:

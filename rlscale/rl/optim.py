@@ -20,7 +20,6 @@ import jax.numpy as jnp
 import optax
 
 RULES = ("none", "linear", "sqrt")
-LR_BATCHES = ("nominal", "effective")  # optim.lr_batch: the batch the rule follows
 SCHEDULES = ("constant", "cosine", "linear")
 STATE_DTYPES = ("", "float32")  # optim.state_dtype: '' keeps the parameters' dtype
 

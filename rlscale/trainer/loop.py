@@ -124,11 +124,11 @@ def non_finite_leaves(state) -> list[str]:
 
 class Loop:
   def __init__(self, trainer: Trainer, cfg, workdir: str, num_steps: int, eval_at_start: bool,
-               written: ml_collections.ConfigDict | None = None):
+               *, written: ml_collections.ConfigDict):
     """`cfg`: the run's typed config (Resolved.cfg; a ConfigDict reads the same); `written`:
-    the config as config.json records it (Resolved.raw), `cfg` when None."""
+    the config as config.json records it (Resolved.raw)."""
     self.trainer, self.cfg, self.workdir = trainer, cfg, workdir
-    self.written = cfg if written is None else written
+    self.written = written
     self.steps, self.eval_at_start = num_steps, eval_at_start
     t = cfg.train
     self.ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), t.keep_checkpoints,

@@ -234,13 +234,13 @@ def test_literals_are_the_codes_sets():
   from rlscale.tasks import graders
   hints = {c: schema._hints(c) for c in (schema.Model, schema.Mesh, schema.Task, schema.TextTask,
                                          schema.Rl, schema.Optim, schema.Init, schema.Train)}
-  # Model.dtype, Init.branch_optimizer and Train.compile_buckets list their values nowhere
-  # else: the schema is their one owner.
+  # Model.dtype, Optim.lr_batch, Init.branch_optimizer and Train.compile_buckets list their
+  # values nowhere else: the schema is their one owner.
   want = [(schema.Mesh, "roles", roles.ROLES), (schema.Task, "name", tasks.NAMES),
           (schema.TextTask, "grader", graders.NAMES),
           (schema.Rl, "off_policy_correction", off_policy.CORRECTIONS),
           (schema.Rl, "old_logprobs", ("sampler", "recompute")),
-          (schema.Optim, "lr_scaling", optim.RULES), (schema.Optim, "lr_batch", optim.LR_BATCHES),
+          (schema.Optim, "lr_scaling", optim.RULES),
           (schema.Optim, "schedule", optim.SCHEDULES),
           (schema.Optim, "state_dtype", optim.STATE_DTYPES),
           (schema.Train, "remat", tuple(memory.REMAT_POLICIES))]
@@ -310,3 +310,11 @@ def test_built_none_and_auto_fields_take_a_value_of_their_type():
   run.compile_buckets = "ahead"
   with pytest.raises(TypeError):
     run.compile_buckets = 3
+
+
+def test_a_typed_config_gives_its_plain_dict_as_a_configdict_does():
+  """`to_dict()` on the typed config and on a section (an algorithm without per_run compares
+  the lanes' configs with it: rlscale/rl/algorithm.trained_model)."""
+  cfg = typed.from_dict(_grpo())
+  assert cfg.to_dict() == schema.to_dict(cfg)
+  assert cfg.rl.to_dict() == schema.to_dict(cfg)["rl"]

@@ -3,8 +3,11 @@
 
 The reads are found in the source: `cfg.section.field` and `cfg.section` where `cfg` is a
 run's config (`cfg`, `self.cfg`, `run.cfg`, `ctx.cfg`, ...) in the packages below the resolve
-step and the resolve step itself. (Under rlscale/models, rlscale/sampling and
-rlscale/checkpoints `cfg` is a model's ModelConfig, checked by its own dataclass.)
+step and the resolve step itself. (Under rlscale/models, rlscale/sampling, rlscale/checkpoints
+and in benchmarks/ `cfg` is often a model's ModelConfig, checked by its own dataclass.) Not
+followed: a config or section held in another name (a lane's `c` in an algorithm's per_run,
+`r = cfg.rl; r.kl_coef`), and a field of one task type read on another (the task section's
+fields are checked together).
 """
 
 from __future__ import annotations
@@ -60,8 +63,8 @@ def _reads_in(text: str, where: str):
 
 
 def _reads():
-  for package in PACKAGES:
-    for folder, _, files in os.walk(os.path.join(REPO, "rlscale", package)):
+  for folder_name in [os.path.join("rlscale", p) for p in PACKAGES]:
+    for folder, _, files in os.walk(os.path.join(REPO, folder_name)):
       for name in sorted(n for n in files if n.endswith(".py")):
         path = os.path.join(folder, name)
         with open(path) as f:

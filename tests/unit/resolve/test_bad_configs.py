@@ -244,6 +244,16 @@ BAD = [
               "train.remat": "full"}),
     row("grpo.py", "task.max_prompt_len", 1, "the arithmetic task sizes its prompts and answers "
         "itself"),
+    # values of the wrong type or shape, which parts built after the checks would trip on
+    row("grpo.py", "task.name", ["x"], "task.name=['x'] is not one of"),
+    row("grpo.py", "rollout", 5, "rollout=5: a section"),
+    row("ppo.py", "rl.gamma", "x", "rl.gamma='x': a float"),
+    row("grpo.py", "optim.state_dtype", "x", "optim.state_dtype='x'; known:"),
+    row("grpo.py", "init.cache_dir", None, "init.cache_dir=None must name a directory"),
+    row("grpo.py", "rollout.max_new_tokens", "x", "rollout.max_new_tokens='x': an int"),
+    row("grpo.py", "rl.advantage", ["grpo"], "rl.advantage=['grpo']; known:"),
+    row("grpo.py", "rl.kl_coef", NAN, "rl.kl_coef=nan, rl.entropy_coef=0.0 must be >= 0"),
+    row("grpo.py", "model.rope_theta", -1.0, "model.rope_theta=-1.0 must be a positive number"),
     # sft
     row("sft.py", "sft.batch_size", 0, "sft.batch_size=0 must be a positive integer"),
     row("sft.py", "sft.microbatch", 48, "sft.microbatch=48 does not divide the mini-batch"),

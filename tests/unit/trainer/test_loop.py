@@ -108,7 +108,8 @@ def _cfg(target=None, stop=False, margin=0.0, **train):
 
 
 def _run(tmp_path, trainer, steps, eval_at_start=False, **cfg):
-  lp = loop.Loop(trainer, _cfg(**cfg), str(tmp_path), steps, eval_at_start)
+  c = _cfg(**cfg)
+  lp = loop.Loop(trainer, c, str(tmp_path), steps, eval_at_start, written=c)
   return lp.run()
 
 
