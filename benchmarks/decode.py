@@ -17,7 +17,9 @@ its new_tokens - 1 steps. `bandwidth_gb_per_s` is the same process's jitted in-p
 over --bandwidth_mb MiB (bytes read and written), the machine's reference;
 `decode_fraction_of_bandwidth` is the bytes a step must read per second of a step over it, and
 `decode_fraction_of_hbm` over the datasheet bandwidth of the device kind (rlscale/metrics/flops.py
-HBM_BW), where known.
+HBM_BW), where known. Where the call's median is not above the prefill's (a few new tokens on a
+busy machine), the decode's time is not resolved: `decode_step_s`, `decode_tokens_per_s` and
+the fractions are null, and `decode_note` says so.
 """
 
 from __future__ import annotations
@@ -74,10 +76,11 @@ def bandwidth(mb: int) -> float:
   return 2 * nbytes / statistics.median(times)
 
 
-def roofline(cfg, state, batch: int, step_s: float, bw: float | None, kind: str, mesh,
+def roofline(cfg, state, batch: int, step_s: float | None, bw: float | None, kind: str, mesh,
              rules) -> dict:
   """The bytes a decode step must read on one device (its parameter shards, its rows' keys
-  and values) and the fraction of one device's bandwidth the step reached."""
+  and values) and the fraction of one device's bandwidth the step reached (None where the
+  step's time `step_s` is not resolved)."""
   import jax
   import numpy as np
   from rlscale.metrics import flops
@@ -94,13 +97,17 @@ def roofline(cfg, state, batch: int, step_s: float, bw: float | None, kind: str,
   kv_per_token = 2 * cfg.num_layers * heads * dim * np.dtype(cfg.compute_dtype).itemsize
   context = FLAGS.prompt_len + FLAGS.new_tokens / 2
   need = param_bytes + rows * kv_per_token * context
-  out = dict(decode_step_s=round(step_s, 6), decode_bytes_per_step=int(need),
-             param_bytes=int(param_bytes))
+  out = dict(decode_step_s=None if step_s is None else round(step_s, 6),
+             decode_bytes_per_step=int(need), param_bytes=int(param_bytes))
+  if step_s is None:
+    out["decode_note"] = ("not resolved: the call's median time is not above the prefill's "
+                          "(raise --new_tokens or --repeats)")
   if bw:
     out["bandwidth_gb_per_s"] = round(bw / 1e9, 1)
-    out["decode_fraction_of_bandwidth"] = round(need / step_s / bw, 4)
+    out["decode_fraction_of_bandwidth"] = None if step_s is None else round(need / step_s / bw, 4)
   if kind in flops.HBM_BW:
-    out["decode_fraction_of_hbm"] = round(need / step_s / flops.HBM_BW[kind], 4)
+    out["decode_fraction_of_hbm"] = (None if step_s is None
+                                     else round(need / step_s / flops.HBM_BW[kind], 4))
   return out
 
 
@@ -166,13 +173,15 @@ def main(argv):
       repeats=FLAGS.repeats,
       gen_tokens_per_s=round(b * FLAGS.new_tokens / gen_s, 1),
       gen_tokens_per_s_best=round(b * FLAGS.new_tokens / gen_best, 1),
-      decode_tokens_per_s=round(b * FLAGS.new_tokens / max(gen_s - pre_s, 1e-9), 1),
+      decode_tokens_per_s=(round(b * FLAGS.new_tokens / (gen_s - pre_s), 1) if gen_s > pre_s
+                           else None),
       prefill_tokens_per_s=round(b * plen / pre_s, 1),
       call_s=round(gen_s, 4), prefill_s=round(pre_s, 4), compile_s=round(compile_s, 2),
       peak_device_mb=None if peak_dev is None else round(peak_dev / 2**20, 1),
       peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
       device_kind=dev.device_kind,
-      **roofline(cfg, state, b, (gen_s - pre_s) / max(FLAGS.new_tokens - 1, 1),
+      **roofline(cfg, state, b,
+                 (gen_s - pre_s) / max(FLAGS.new_tokens - 1, 1) if gen_s > pre_s else None,
                  bandwidth(FLAGS.bandwidth_mb) if FLAGS.bandwidth_mb else None, dev.device_kind,
                  mesh, rules),
   )

@@ -21,16 +21,23 @@ def _run(script, *args, timeout=600):
 
 @pytest.mark.slow
 def test_decode_benchmark():
-  (row,) = _run("decode.py", "--batch=8", "--prompt_len=8", "--new_tokens=8", "--layers=2",
-                "--d_model=64", "--mlp_dim=128", "--vocab=64", "--repeats=2", "--bandwidth_mb=8")
+  (row,) = _run("decode.py", "--batch=8", "--prompt_len=8", "--new_tokens=32", "--layers=2",
+                "--d_model=64", "--mlp_dim=128", "--vocab=64", "--repeats=3", "--bandwidth_mb=8")
   assert row["gen_tokens_per_s"] > 0 and row["batch"] == 8 and row["compile_s"] >= 0
   # The roofline's bytes: every weight, and 8 rows' keys and values (2 layers x 2 kv heads x
-  # 64 x float32, K and V) over the mean context of 8 prompt + 8 / 2 generated tokens.
-  assert row["decode_bytes_per_step"] == row["param_bytes"] + 8 * (2 * 2 * 2 * 64 * 4) * 12
-  assert row["decode_step_s"] > 0 and row["bandwidth_gb_per_s"] > 0
-  assert row["decode_fraction_of_bandwidth"] == pytest.approx(
-      row["decode_bytes_per_step"] / row["decode_step_s"] / (row["bandwidth_gb_per_s"] * 1e9),
-      rel=0.02)  # rounded
+  # 64 x float32, K and V) over the mean context of 8 prompt + 32 / 2 generated tokens.
+  assert row["decode_bytes_per_step"] == row["param_bytes"] + 8 * (2 * 2 * 2 * 64 * 4) * 24
+  assert row["bandwidth_gb_per_s"] > 0
+  # The decode's time is the call's less the prefill's: on a busy machine the difference of two
+  # medians of sub-millisecond calls can vanish, and then it is said, never a negative time.
+  if row["decode_step_s"] is None:
+    assert "not resolved" in row["decode_note"] and row["decode_tokens_per_s"] is None
+    assert row["decode_fraction_of_bandwidth"] is None
+  else:
+    assert row["decode_step_s"] > 0 and row["decode_tokens_per_s"] > 0
+    assert row["decode_fraction_of_bandwidth"] == pytest.approx(
+        row["decode_bytes_per_step"] / row["decode_step_s"] / (row["bandwidth_gb_per_s"] * 1e9),
+        rel=0.02)  # rounded
 
 
 @pytest.mark.slow
