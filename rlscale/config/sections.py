@@ -44,19 +44,23 @@ def _field(hint, value):
   return value
 
 
-def section(cls, **values) -> ml_collections.ConfigDict:
-  """The section `cls` of the schema (rlscale/config/schema.py) as a ConfigDict, every field at
-  its default but those `values` set; a section field (the critic's optimizer) is built the
-  same way from its default."""
-  hints = typing.get_type_hints(cls)
+def section(*classes, **values) -> ml_collections.ConfigDict:
+  """The section of the schema (rlscale/config/schema.py) of type `classes[0]` as a
+  ConfigDict, every field at its default but those `values` set; with several classes, the
+  fields of them all (a field's first class gives its default). A section field (the critic's
+  optimizer) is built the same way from its default."""
   c = ml_collections.ConfigDict()
-  for f in dataclasses.fields(cls):
-    if dataclasses.is_dataclass(hints[f.name]):
-      c[f.name] = section(hints[f.name], **values.pop(f.name, schema.default(cls, f.name)))
-    else:
-      c[f.name] = _field(hints[f.name], values.pop(f.name, schema.default(cls, f.name)))
+  for cls in classes:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+      if f.name in c:
+        continue
+      if dataclasses.is_dataclass(hints[f.name]):
+        c[f.name] = section(hints[f.name], **values.pop(f.name, schema.default(cls, f.name)))
+      else:
+        c[f.name] = _field(hints[f.name], values.pop(f.name, schema.default(cls, f.name)))
   if values:
-    raise ValueError(f"{cls.__name__} has no field {', '.join(values)}")
+    raise ValueError(f"{classes[0].__name__} has no field {', '.join(values)}")
   return c
 
 
@@ -109,14 +113,7 @@ _SHARED_TASKS = (schema.ArithmeticTask, schema.FilesTask, schema.TfdsMathTask,
 
 def task(name: str = "arithmetic") -> ml_collections.ConfigDict:
   """The task section of `name` (arithmetic | files | tfds_math | reasoning_gym)."""
-  c = ml_collections.ConfigDict()
-  for cls in _SHARED_TASKS:
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-      if f.name not in c:
-        c[f.name] = _field(hints[f.name], schema.default(cls, f.name))
-  c.name = name
-  return c
+  return section(*_SHARED_TASKS, name=name)
 
 
 def optim(lr: float) -> ml_collections.ConfigDict:
